@@ -1,5 +1,4 @@
-"Package metadata comes from settings.ini (shared with nbdev 2); nothing here imports pkg_resources."
-import shlex
+"Package metadata comes from settings.ini, which nbdev 2 reads too; requirements are checked with packaging."
 from configparser import ConfigParser
 from pathlib import Path
 
@@ -13,7 +12,7 @@ cfg = config["DEFAULT"]
 
 def reqs(key):
     "Parse a space-separated requirement list, failing early on a malformed entry."
-    out = shlex.split(cfg.get(key, ""))
+    out = cfg.get(key, "").split()
     for r in out: Requirement(r)
     return out
 

@@ -1,0 +1,40 @@
+"The installed `glm-grpo` console script, end to end in a subprocess."
+import subprocess
+
+from PIL import Image
+
+from conftest import clean_env
+
+
+def run(*args, cwd=None):
+    return subprocess.run(list(args), capture_output=True, text=True, env=clean_env(), cwd=cwd, timeout=600)
+
+
+def test_help_and_version(glm_grpo):
+    import glm_grpo_nb
+    r = run(glm_grpo, "--help")
+    assert r.returncode == 0 and "tiny" in r.stdout and "generate" in r.stdout
+    r = run(glm_grpo, "--version")
+    assert r.returncode == 0 and r.stdout.strip() == glm_grpo_nb.__version__
+    r = run(glm_grpo, "generate", "--help")
+    assert r.returncode == 0 and "--num-steps" in r.stdout and "multiple of 32" in r.stdout
+
+
+def test_tiny_then_generate(glm_grpo, tmp_path):
+    r = run(glm_grpo, "tiny", str(tmp_path / "tiny"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "tiny" / "model_index.json").exists()
+    r = run(glm_grpo, "generate", "--model", str(tmp_path / "tiny"), "--prompt", "a 'HI' sign", "--num-images", "2",
+            "--num-steps", "2", "--out", str(tmp_path / "out" / "img.png"))
+    assert r.returncode == 0, r.stderr
+    for i in range(2):
+        assert Image.open(tmp_path / "out" / f"img_{i}.png").size == (64, 64)
+
+
+def test_bad_input_is_a_clear_error(glm_grpo, tiny_path, tmp_path):
+    r = run(glm_grpo, "generate", "--model", str(tiny_path), "--prompt", "x", "--width", "40")
+    assert r.returncode == 2 and "multiples of 32" in r.stderr and "Traceback" not in r.stderr
+    r = run(glm_grpo, "generate", "--model", str(tmp_path), "--prompt", "x")
+    assert r.returncode == 2 and "model_index.json" in r.stderr
+    r = run(glm_grpo, "frobnicate")
+    assert r.returncode == 2 and "unknown command" in r.stderr
