@@ -2,6 +2,7 @@
 
 d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_url': '', 'lib_path': 'glm_grpo_nb'},
   'syms': { 'glm_grpo_nb.cli': { 'glm_grpo_nb.cli._check_model_dir': ('cli.html#_check_model_dir', 'glm_grpo_nb/cli.py'),
+                                 'glm_grpo_nb.cli._option_style': ('cli.html#_option_style', 'glm_grpo_nb/cli.py'),
                                  'glm_grpo_nb.cli._usage': ('cli.html#_usage', 'glm_grpo_nb/cli.py'),
                                  'glm_grpo_nb.cli.generate': ('cli.html#generate', 'glm_grpo_nb/cli.py'),
                                  'glm_grpo_nb.cli.main': ('cli.html#main', 'glm_grpo_nb/cli.py'),

@@ -75,6 +75,17 @@ def _usage():
     lines += ["", "glm-grpo COMMAND --help shows each command's options."]
     return "\n".join(lines)
 
+def _option_style(parser, argv):
+    "Accept `--num-steps` and `--num_steps` alike (fastcore 1.x spells options with underscores, 2.x with dashes)."
+    known = {o for a in parser._actions for o in a.option_strings}
+    def fix(arg):
+        name, eq, value = arg.partition("=")
+        if not name.startswith("--") or name in known: return arg
+        for alt in (name.replace("_", "-"), "--" + name[2:].replace("-", "_")):
+            if alt in known: return alt + eq + value
+        return arg
+    return [fix(a) for a in argv]
+
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `glm-grpo` console script."
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -86,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"glm-grpo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr); return 2
     func = COMMANDS[name]
-    args = vars(anno_parser(func, prog=f"glm-grpo {name}").parse_args(rest))
+    parser = anno_parser(func, prog=f"glm-grpo {name}")
+    args = vars(parser.parse_args(_option_style(parser, rest)))
     params = inspect.signature(func).parameters
     try: return func(**{k: v for k, v in args.items() if k in params}) or 0
     except ValueError as e:
