@@ -373,7 +373,7 @@ def token_logprobs(
 ) -> torch.Tensor:                          # [N, T] log-probs, with grad through the LoRA adapters; 0 where masked
     "Teacher-forced log-probs of the rollout's tokens under the current policy and the rollout's sampling settings."
     N, L, T = rollout.num_samples, rollout.prompt_len, rollout.completion.shape[1]
-    mb = micro_batch_size or N
+    mb = N if micro_batch_size is None else micro_batch_size
     if mb < 1: raise ValueError(f"token_logprobs: micro_batch_size must be >= 1, got {micro_batch_size}.")
     if rollout.sequences.max() >= self.ar.config.text_config.vocab_size:
         raise ValueError("token_logprobs: the rollout holds ids outside this model's vocabulary; it comes from another model.")
