@@ -68,8 +68,8 @@ def _tiny_components(codebook_size, full_head):
                         block_out_channels=(8, 16, 16, 16), layers_per_block=1, latent_channels=4, norm_num_groups=4,
                         sample_size=64, latents_mean=[0.0] * 4, latents_std=[1.0] * 4, mid_block_add_attention=False)
     transformer = GlmImageTransformer2DModel(
-        patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
-        text_embed_dim=32, time_embed_dim=32, condition_dim=16, prior_vq_quantizer_codebook_size=K)
+        patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=8,
+        text_embed_dim=32, time_embed_dim=64, condition_dim=16, prior_vq_quantizer_codebook_size=K)
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, use_dynamic_shifting=True, base_shift=0.25,
                                                 max_shift=0.75, base_image_seq_len=256, time_shift_type="linear")
     return dict(processor=processor, tokenizer=ByT5Tokenizer(), text_encoder=text_encoder, vision_language_encoder=ar,

@@ -7,26 +7,33 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import bitsandbytes as bnb
+import numpy as np
 import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
 from PIL import Image
 from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from peft.utils import set_peft_model_state_dict
-from safetensors.torch import load_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GenerationConfig, GlmImageForConditionalGeneration,
                           GlmImageProcessor, LogitsProcessor, LogitsProcessorList, T5EncoderModel)
-from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTransformer2DModel
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel
+from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache
+from diffusers.pipelines.glm_image.pipeline_glm_image import calculate_shift, retrieve_timesteps
 
 from .tiny import COMPONENTS
 
 # %% auto #0
-__all__ = ['AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'GlmImagePolicy', 'sampling_logits', 'TokenRollout']
+__all__ = ['AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'quantize_dit_4bit', 'GlmImagePolicy', 'sampling_logits', 'TokenRollout',
+           'sde_step', 'gaussian_logprob', 'LatentTrajectory']
 
 # %% ../nbs/02_wrapper.ipynb #d8758c82
 AR_LORA_TARGETS = r"model\.language_model\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_up_proj|down_proj))"
@@ -50,7 +57,24 @@ def _check_components(path):
                          f"{', '.join(COMPONENTS)}.")
     return str(p)
 
-# %% ../nbs/02_wrapper.ipynb #0cb9fce8
+# %% ../nbs/02_wrapper.ipynb #25eeacaf
+def quantize_dit_4bit(transformer: torch.nn.Module, compute_dtype: torch.dtype, device) -> int:
+    "Replace the Linear layers inside the DiT's transformer blocks by NF4 `bnb.nn.Linear4bit`; returns how many."
+    n = 0
+    for block in transformer.transformer_blocks:
+        for name, lin in list(block.named_modules()):
+            if type(lin) is not torch.nn.Linear or lin.in_features % 64: continue  # NF4 blocks hold 64 inputs
+            q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
+                                  compute_dtype=compute_dtype, compress_statistics=True, quant_type="nf4")
+            q.weight = bnb.nn.Params4bit(lin.weight.data.to("cpu", torch.float32).contiguous(), requires_grad=False,
+                                         compress_statistics=True, quant_type="nf4")
+            if lin.bias is not None: q.bias = torch.nn.Parameter(lin.bias.data.to(compute_dtype), requires_grad=False)
+            parent = block.get_submodule(name.rsplit(".", 1)[0]) if "." in name else block
+            setattr(parent, name.rsplit(".", 1)[-1], q.to(device))
+            n += 1
+    return n
+
+# %% ../nbs/02_wrapper.ipynb #35405e21
 class GlmImagePolicy(torch.nn.Module):
     "GLM-Image's AR model and DiT decoder, with LoRA adapters, as a GRPO policy."
     def __init__(self, processor, tokenizer, text_encoder, vision_language_encoder, transformer, vae, scheduler,
@@ -81,6 +105,10 @@ class GlmImagePolicy(torch.nn.Module):
             transformer.add_adapter(dit_cfg)
             transformer.eval()
         if gradient_checkpointing: transformer.enable_gradient_checkpointing()
+        for m in self.modules():
+            # bitsandbytes repacks 4-bit weights for a faster CPU *inference* kernel on the first no-grad forward; that
+            # kernel rounds differently from the training one (ratios would drift from 1) and cannot backpropagate.
+            if isinstance(m, bnb.nn.Linear4bit): m.support_avx512bf16_for_cpu = False
 
     @property
     def ar(self) -> GlmImageForConditionalGeneration:
@@ -90,12 +118,17 @@ class GlmImagePolicy(torch.nn.Module):
     @property
     def device(self): return next(self.ar.parameters()).device
 
-# %% ../nbs/02_wrapper.ipynb #25eeacaf
+    @property
+    def dit_dtype(self) -> torch.dtype:
+        "Compute dtype of the DiT (its output projection is never quantised)."
+        return self.transformer.proj_out.weight.dtype
+
+# %% ../nbs/02_wrapper.ipynb #4885ec32
 @patch(cls_method=True)
 def from_pretrained(
     cls: GlmImagePolicy,
     path_or_hub_id: str | Path,      # GLM-Image folder (hub layout) or hub id, e.g. zai-org/GLM-Image
-    load_in_4bit: bool = False,      # NF4 base weights for the AR model (bitsandbytes; works on CPU)
+    load_in_4bit: bool = False,      # NF4 base weights for the AR model and the DiT blocks (bitsandbytes; works on CPU)
     ar_lora: int | LoraConfig | None = None,   # LoRA on the AR language model: rank or config
     dit_lora: int | LoraConfig | None = None,  # LoRA on the DiT attention: rank or config
     torch_dtype: torch.dtype | None = None,    # default: bfloat16 on CUDA, float32 otherwise
@@ -114,29 +147,30 @@ def from_pretrained(
             device_map={"": device})
     ar = GlmImageForConditionalGeneration.from_pretrained(src, subfolder="vision_language_encoder", **ar_kw)
     if not load_in_4bit: ar.to(device)
+    transformer = GlmImageTransformer2DModel.from_pretrained(src, subfolder="transformer", torch_dtype=dtype).to(device)
+    if load_in_4bit: quantize_dit_4bit(transformer, dtype, device)
     parts = dict(
         processor=GlmImageProcessor.from_pretrained(src, subfolder="processor"),
         tokenizer=ByT5Tokenizer.from_pretrained(src, subfolder="tokenizer"),
         text_encoder=T5EncoderModel.from_pretrained(src, subfolder="text_encoder", dtype=dtype).to(device),
         vision_language_encoder=ar,
-        transformer=GlmImageTransformer2DModel.from_pretrained(src, subfolder="transformer", torch_dtype=dtype).to(device),
+        transformer=transformer,
         vae=AutoencoderKL.from_pretrained(src, subfolder="vae", torch_dtype=dtype).to(device),
         scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(src, subfolder="scheduler"))
     policy = cls(**parts, ar_lora=ar_lora, dit_lora=dit_lora, gradient_checkpointing=gradient_checkpointing,
                  load_in_4bit=load_in_4bit)
-    policy.to(device) if not load_in_4bit else None
     if verbose:
         n, total = policy.num_trainable_parameters(), sum(p.numel() for p in policy.parameters())
         print(f"GlmImagePolicy: {n:,} trainable parameters (LoRA) of {total:,}")
     return policy
 
-# %% ../nbs/02_wrapper.ipynb #35405e21
+# %% ../nbs/02_wrapper.ipynb #6a4bd74e
 @patch
 def num_trainable_parameters(self: GlmImagePolicy) -> int:
     "Number of parameters that require grad (the LoRA adapters)."
     return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
-# %% ../nbs/02_wrapper.ipynb #03aae70b
+# %% ../nbs/02_wrapper.ipynb #334ed65b
 def sampling_logits(
     logits: torch.Tensor,   # [..., V] raw logits of the AR head
     codebook_size: int,     # K: ids 0..K-1 are image codes, the only valid ids inside a grid
@@ -165,7 +199,7 @@ def _check_sampling(temperature, top_k, top_p):
     if top_k < 0: raise ValueError(f"top_k must be >= 0 (0 turns it off), got {top_k}.")
     if not 0 < top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
 
-# %% ../nbs/02_wrapper.ipynb #8435e1c0
+# %% ../nbs/02_wrapper.ipynb #2d3c7138
 class _GridSampler(LogitsProcessor):
     "Restrict to image codes, temper and truncate; record each sampled token's log-prob."
     def __init__(self, codebook_size, temperature, top_k, top_p, prompt_len):
@@ -186,7 +220,7 @@ class _GridSampler(LogitsProcessor):
         self._record(sequences[:, -1])
         return torch.stack(self.logprobs, dim=1)
 
-# %% ../nbs/02_wrapper.ipynb #2d3c7138
+# %% ../nbs/02_wrapper.ipynb #fe5fbdb2
 @dataclass
 class TokenRollout:
     "A group of sampled visual-token sequences, prompt-major, with their sampling-time log-probs."
@@ -226,7 +260,7 @@ class TokenRollout:
         h, w = self.grid
         return self.completion[:, off:off + h * w]
 
-# %% ../nbs/02_wrapper.ipynb #fe5fbdb2
+# %% ../nbs/02_wrapper.ipynb #433c2791
 def _check_images(images, prompts):
     if images is None: return None
     if len(images) != len(prompts):
@@ -236,6 +270,10 @@ def _check_images(images, prompts):
     counts = {len(x) for x in images}
     if len(counts) != 1 or 0 in counts:
         raise ValueError(f"sample_tokens: every prompt needs the same, non-zero number of source images, got {[len(x) for x in images]}.")
+    sizes = [tuple(im.size for im in ims) for ims in images]
+    if len(set(sizes)) > 1:
+        raise ValueError(f"sample_tokens: source image sizes differ between prompts ({sizes}); the DiT caches sources "
+                         "batched, so resize them to one size per batch (or sample those prompts separately).")
     for i, ims in enumerate(images):
         for j, im in enumerate(ims):
             if not isinstance(im, Image.Image):
@@ -259,7 +297,7 @@ def _check_prompts(prompts, group_size, height, width):
                          f"token per 32x32 block), got {height}x{width}.")
     return prompts
 
-# %% ../nbs/02_wrapper.ipynb #433c2791
+# %% ../nbs/02_wrapper.ipynb #4f578b58
 @patch
 def _encode_prompts(self: GlmImagePolicy, prompts, height, width, images):
     msgs = [[{"role": "user", "content": [{"type": "image", "image": im} for im in (images[i] if images else [])]
@@ -288,7 +326,7 @@ def _encode_prompts(self: GlmImagePolicy, prompts, height, width, images):
         source_grids = list(src_grids.view(len(prompts), n_src, 3))
     return input_ids, enc["attention_mask"], grids, per_sample, source_ids, source_grids
 
-# %% ../nbs/02_wrapper.ipynb #d20103ba
+# %% ../nbs/02_wrapper.ipynb #b5749eb7
 def _repeat_groups(grids, per_sample, group_size):
     "Repeat each sample's block of grids `group_size` times (prompt-major)."
     blocks = torch.split(grids, per_sample.tolist())
@@ -350,7 +388,7 @@ def sample_tokens(
                         preview_grid=preview, temperature=temperature, top_k=top_k, top_p=top_p, images=images,
                         source_token_ids=source_ids, source_grid_thw=source_grids)
 
-# %% ../nbs/02_wrapper.ipynb #5734da2c
+# %% ../nbs/02_wrapper.ipynb #6dc81e74
 @patch
 def _position_ids(self: GlmImagePolicy, rollout: TokenRollout, rows: slice) -> torch.Tensor:
     "[3, n, L + T - 1] M-RoPE positions exactly as generation used them, for the sequences without the end token."
@@ -364,7 +402,7 @@ def _position_ids(self: GlmImagePolicy, rollout: TokenRollout, rows: slice) -> t
     T = rollout.completion.shape[1]
     return torch.cat([prompt_pos, decode_pos[:, :, :T - 1]], dim=2)
 
-# %% ../nbs/02_wrapper.ipynb #1b98c08c
+# %% ../nbs/02_wrapper.ipynb #76692f4c
 @patch
 def token_logprobs(
     self: GlmImagePolicy,
@@ -396,7 +434,7 @@ def token_logprobs(
         self.ar.train(was_training)
     return torch.cat(out, 0)
 
-# %% ../nbs/02_wrapper.ipynb #2c485aa6
+# %% ../nbs/02_wrapper.ipynb #f5b989b5
 @patch
 @contextlib.contextmanager
 def reference(self: GlmImagePolicy):
@@ -408,7 +446,17 @@ def reference(self: GlmImagePolicy):
             stack.callback(self.transformer.enable_adapters)
         yield self
 
-# %% ../nbs/02_wrapper.ipynb #04ffcd06
+# %% ../nbs/02_wrapper.ipynb #baade8e5
+def _prefix_keys(f: Path, prefix: str):
+    "Rewrite a diffusers LoRA file with `prefix` on every tensor and LoRA-config key (the pipeline-level layout)."
+    with safe_open(f, framework="pt") as fh:
+        meta = dict(fh.metadata() or {})
+        state = {prefix + k: fh.get_tensor(k) for k in fh.keys()}
+    if "lora_adapter_metadata" in meta:
+        cfg = json.loads(meta["lora_adapter_metadata"])
+        meta["lora_adapter_metadata"] = json.dumps({prefix + k: v for k, v in cfg.items()}, indent=2, sort_keys=True)
+    save_file(state, f, metadata=meta)
+
 @patch
 def save_adapters(self: GlmImagePolicy, directory: str | Path) -> Path:
     "Write the LoRA adapters (peft format) to `directory/ar` and `directory/dit`, atomically."
@@ -419,7 +467,9 @@ def save_adapters(self: GlmImagePolicy, directory: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
         if self.ar_peft is not None: self.ar_peft.save_pretrained(tmp / "ar")
-        if self.has_dit_lora: self.transformer.save_lora_adapter(tmp / "dit")
+        if self.has_dit_lora:
+            self.transformer.save_lora_adapter(tmp / "dit")
+            _prefix_keys(tmp / "dit" / "pytorch_lora_weights.safetensors", "transformer.")
         old = None
         if directory.exists():
             old = directory.with_name(f".{directory.name}.old")
@@ -453,3 +503,251 @@ def load_adapters(self: GlmImagePolicy, directory: str | Path) -> None:
         if res.unexpected_keys or len(state) != len(own):
             raise ValueError(f"load_adapters: {f} does not match this policy's {sub} adapter "
                              f"({len(state)} tensors for {len(own)}; unexpected: {list(res.unexpected_keys)[:3]}).")
+
+# %% ../nbs/02_wrapper.ipynb #e841406c
+def sde_step(
+    x: torch.Tensor,          # [n, C, h, w] current latents (fp32)
+    v: torch.Tensor,          # [n, C, h, w] guided velocity (fp32)
+    sigma: float, sigma_next: float,
+    noise_level: float,       # a
+    sde_type: str = "sde",    # "sde" or "cps"
+    sigma_1: float | None = None,  # the schedule's second sigma, used by `sde` when sigma == 1
+) -> tuple[torch.Tensor, float]:  # mean of x', transition std tau
+    "Mean and std of the Gaussian transition of one stochastic denoising step."
+    dt = sigma_next - sigma
+    if sde_type == "sde":
+        denom = (1 - sigma_1) if sigma >= 1.0 else (1 - sigma)
+        s = noise_level * math.sqrt(sigma / denom)
+        mean = x * (1 + s ** 2 * dt / (2 * sigma)) + v * (1 + s ** 2 * (1 - sigma) / (2 * sigma)) * dt
+        return mean, s * math.sqrt(-dt)
+    if sde_type == "cps":
+        s = sigma_next * math.sin(noise_level * math.pi / 2)
+        x0, x1 = x - sigma * v, x + (1 - sigma) * v
+        return x0 * (1 - sigma_next) + x1 * math.sqrt(max(sigma_next ** 2 - s ** 2, 0.0)), s
+    raise ValueError(f"sde_type must be 'sde' or 'cps', got {sde_type!r}.")
+
+def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float) -> torch.Tensor:
+    "[n] log N(x; mean, std^2 I), averaged over the last three dims."
+    lp = -((x - mean) ** 2) / (2 * std ** 2) - math.log(std) - 0.5 * math.log(2 * math.pi)
+    return lp.mean(dim=(-3, -2, -1))
+
+# %% ../nbs/02_wrapper.ipynb #2d827f4f
+@dataclass
+class LatentTrajectory:
+    "Denoising trajectories for a TokenRollout, with per-step log-probs of the stochastic steps."
+    rollout: TokenRollout             # the prior tokens (and prompts, sources) these latents decode
+    latents: torch.Tensor             # [N, S+1, C, h, w]; [:, 0] initial noise, [:, -1] final latents
+    logprobs: torch.Tensor            # [N, S] log-prob of each step's transition (0 where the step is an ODE step)
+    timesteps: torch.Tensor           # [S] scheduler timesteps (the DiT is given t - 1)
+    sigmas: torch.Tensor              # [S+1] sigma before each step, then 0
+    stochastic: torch.Tensor          # [S] bool: which steps were SDE steps
+    step_std: torch.Tensor            # [S] transition std tau of each step (0 for ODE steps)
+    prompt_embeds: torch.Tensor       # [N, P, D] glyph embeddings
+    negative_prompt_embeds: torch.Tensor | None  # [N, P0, D] empty-prompt glyphs (None without guidance)
+    noise_level: float
+    sde_type: str
+    guidance_scale: float
+
+    @property
+    def num_steps(self) -> int: return self.logprobs.shape[1]
+    @property
+    def window(self) -> list[int]: return self.stochastic.nonzero().flatten().tolist()
+
+# %% ../nbs/02_wrapper.ipynb #f71c045b
+@patch(as_prop=True)
+def pipeline(self: GlmImagePolicy) -> GlmImagePipeline:
+    "A stock GlmImagePipeline sharing this policy's components (adapters included)."
+    if getattr(self, "_pipeline", None) is None:
+        object.__setattr__(self, "_pipeline", GlmImagePipeline(
+            tokenizer=self.tokenizer, processor=self.processor, text_encoder=self.text_encoder,
+            vision_language_encoder=self.vision_language_encoder, vae=self.vae, transformer=self.transformer,
+            scheduler=self.scheduler))
+        self._pipeline.set_progress_bar_config(disable=True)
+    return self._pipeline
+
+@patch
+def _schedule(self: GlmImagePolicy, num_steps, height, width):
+    "The pipeline's timesteps and sigmas for this resolution."
+    pipe, sch = self.pipeline, self.scheduler
+    seq_len = (height // pipe.vae_scale_factor) * (width // pipe.vae_scale_factor) // self.transformer.config.patch_size ** 2
+    ts = np.linspace(sch.config.num_train_timesteps, 1.0, num_steps + 1)[:-1].astype(np.int64).astype(np.float32)
+    mu = calculate_shift(seq_len, sch.config.get("base_image_seq_len", 256), sch.config.get("base_shift", 0.25),
+                         sch.config.get("max_shift", 0.75))
+    timesteps, _ = retrieve_timesteps(sch, num_steps, "cpu", ts, ts / sch.config.num_train_timesteps, mu=mu)
+    return timesteps.float().cpu(), sch.sigmas.float().cpu()
+
+# %% ../nbs/02_wrapper.ipynb #71126461
+def _window(sde_window, num_steps):
+    "Indices of the stochastic steps: default the first quarter of the schedule (at least one step)."
+    if sde_window is None: steps = list(range(max(1, num_steps // 4)))
+    elif isinstance(sde_window, range): steps = list(sde_window)
+    elif isinstance(sde_window, tuple) and len(sde_window) == 2: steps = list(range(*sde_window))
+    else: steps = sorted(set(int(i) for i in sde_window))
+    if not steps or min(steps) < 0 or max(steps) >= num_steps:
+        raise ValueError(f"sde_window {sde_window!r} is empty or outside the schedule's steps 0..{num_steps - 1}.")
+    return steps
+
+# %% ../nbs/02_wrapper.ipynb #a7e287cd
+@patch
+def _latent_stats(self: GlmImagePolicy, dtype, device):
+    c = self.vae.config
+    return (torch.tensor(c.latents_mean).view(1, -1, 1, 1).to(device, dtype),
+            torch.tensor(c.latents_std).view(1, -1, 1, 1).to(device, dtype))
+
+@patch
+def _condition_cache(self: GlmImagePolicy, rollout: TokenRollout, prompt_rows: list[int], dtype):
+    "KV cache holding the source images of the given prompts (one cache entry per listed prompt), in read mode."
+    pipe, dev = self.pipeline, self.device
+    mean, std = self._latent_stats(dtype, dev)
+    cache = GlmImageKVCache(num_layers=self.transformer.config.num_layers)
+    cache.set_mode("write")
+    mult = pipe.vae_scale_factor * self.transformer.config.patch_size
+    checkpointing = self.transformer.gradient_checkpointing
+    self.transformer.gradient_checkpointing = False  # the write pass must not be replayed by checkpointing
+    try:
+        for i in prompt_rows:
+            ids = torch.split(rollout.source_token_ids[i], rollout.source_grid_thw[i].prod(-1).tolist())
+            for im, code, thw in zip(rollout.images[i], ids, rollout.source_grid_thw[i].tolist()):
+                h, w = (im.height // mult) * mult, (im.width // mult) * mult
+                pix = pipe.image_processor.preprocess(im, height=h, width=w).to(dev, dtype)
+                with torch.no_grad(): lat = self.vae.encode(pix).latent_dist.mode()
+                prior = GlmImagePipeline._upsample_token_ids(code, thw[1], thw[2])[0].to(dev)
+                self.transformer(hidden_states=(lat - mean) / std, encoder_hidden_states=torch.zeros(1, 0, self.transformer.config.text_embed_dim, device=dev, dtype=dtype),
+                                 prior_token_id=prior, prior_token_drop=torch.zeros_like(prior, dtype=torch.bool),
+                                 timestep=torch.zeros(1, device=dev), target_size=torch.tensor([[h, w]], device=dev),
+                                 crop_coords=torch.zeros(1, 2, device=dev), kv_caches=cache)
+            cache.next_sample()
+    finally:
+        self.transformer.gradient_checkpointing = checkpointing
+    cache.set_mode("read")
+    return cache
+
+# %% ../nbs/02_wrapper.ipynb #4cc2990e
+@patch
+def _velocity(self: GlmImagePolicy, x, t, prior, embeds, neg_embeds, guidance_scale, cache, height, width):
+    "Guided velocity (fp32) for latents `x` [n, C, h, w] at scheduler timestep `t`."
+    n, dt = x.shape[0], self.dit_dtype
+    size = torch.tensor([[height, width]], dtype=embeds.dtype, device=x.device).repeat(n, 1)
+    crop = torch.zeros(n, 2, dtype=embeds.dtype, device=x.device)
+    timestep = t.to(x.device).expand(n) - 1
+    kw = dict(hidden_states=x.to(dt), prior_token_id=prior, timestep=timestep, target_size=size, crop_coords=crop,
+              return_dict=False)
+    v = self.transformer(encoder_hidden_states=embeds, prior_token_drop=torch.zeros_like(prior, dtype=torch.bool),
+                         kv_caches=cache, **kw)[0].float()
+    if guidance_scale > 1:
+        v_u = self.transformer(encoder_hidden_states=neg_embeds, prior_token_drop=torch.ones_like(prior, dtype=torch.bool),
+                               **kw)[0].float()
+        v = v_u + guidance_scale * (v - v_u)
+    return v
+
+# %% ../nbs/02_wrapper.ipynb #00cf8cdc
+@patch
+def sample_latents(
+    self: GlmImagePolicy,
+    rollout: TokenRollout,       # the prior tokens to decode (from `sample_tokens`)
+    num_steps: int = 10,         # denoising steps (training usually uses fewer than inference)
+    noise_level: float = 0.7,    # a: SDE noise scale; 0 makes every step an ODE step
+    sde_type: str = "sde",       # "sde" (Flow-GRPO) or "cps" (coefficient-preserving)
+    sde_window=None,             # stochastic steps: None (first quarter), range, (start, stop) or a list of indices
+    guidance_scale: float = 1.5, # classifier-free guidance; <= 1 runs the conditional branch only
+    seed: int | None = None,     # seeds the initial noise and the SDE noise
+    initial_noise: torch.Tensor | None = None,  # [N, C, h, w] starting latents instead of fresh noise
+) -> LatentTrajectory:
+    "Denoise the rollout's prior tokens with SDE steps in a window; record every latent and step log-prob."
+    if not isinstance(num_steps, int) or num_steps < 1: raise ValueError(f"sample_latents: num_steps must be an int >= 1, got {num_steps!r}.")
+    if noise_level < 0: raise ValueError(f"sample_latents: noise_level must be >= 0, got {noise_level}.")
+    if sde_type not in ("sde", "cps"): raise ValueError(f"sample_latents: sde_type must be 'sde' or 'cps', got {sde_type!r}.")
+    pipe, dev, N = self.pipeline, self.device, rollout.num_samples
+    H, W = rollout.height, rollout.width
+    p, vsf = self.transformer.config.patch_size, pipe.vae_scale_factor
+    want = (H // vsf // p) * (W // vsf // p)
+    if rollout.prior_token_ids.shape[1] != want or rollout.prior_token_ids.max() >= self.transformer.config.prior_vq_quantizer_codebook_size:
+        raise ValueError(f"sample_latents: the rollout has {rollout.prior_token_ids.shape[1]} prior tokens per sample but this DiT needs "
+                         f"{want} for {H}x{W} (or its codes exceed the codebook); was it sampled by another policy?")
+    window = set(_window(sde_window, num_steps)) if noise_level > 0 else set()
+    timesteps, sigmas = self._schedule(num_steps, H, W)
+    dtype = self.dit_dtype
+    gen = torch.Generator("cpu").manual_seed(seed) if seed is not None else None
+    shape = (N, self.transformer.config.in_channels, H // vsf, W // vsf)
+    if initial_noise is not None:
+        if tuple(initial_noise.shape) != shape:
+            raise ValueError(f"sample_latents: initial_noise has shape {tuple(initial_noise.shape)}, expected {shape}.")
+        x = initial_noise.float().to(dev)
+    else:
+        x = torch.randn(shape, generator=gen, dtype=torch.float32).to(dev)
+    cfg = guidance_scale > 1
+    with torch.no_grad():
+        B, G = len(rollout.prompts), rollout.group_size
+        embeds, neg = pipe.encode_prompt(rollout.prompts, cfg, num_images_per_prompt=G, device=dev, dtype=dtype)
+        cache = self._condition_cache(rollout, list(range(B)), dtype) if rollout.images else None
+        prior = rollout.prior_token_ids.to(dev)
+        path, logprobs, stds = [x.cpu()], torch.zeros(N, num_steps), torch.zeros(num_steps)
+        for i in range(num_steps):
+            v = self._velocity(x, timesteps[i], prior, embeds, neg, guidance_scale, cache, H, W)
+            s, s_next = sigmas[i].item(), sigmas[i + 1].item()
+            if i in window:
+                mean, tau = sde_step(x, v, s, s_next, noise_level, sde_type, sigmas[1].item())
+                if tau > 0:
+                    noise = torch.randn(shape, generator=gen, dtype=torch.float32).to(dev)
+                    x = mean + tau * noise
+                    logprobs[:, i] = gaussian_logprob(x, mean, tau).cpu()
+                    stds[i] = tau
+                else: x = mean
+            else:
+                x = x + (sigmas[i + 1] - sigmas[i]).to(dev) * v   # the scheduler's Euler step, in fp32
+            path.append(x.cpu())
+    return LatentTrajectory(rollout=rollout, latents=torch.stack(path, 1), logprobs=logprobs, timesteps=timesteps,
+                            sigmas=sigmas, stochastic=stds > 0, step_std=stds, prompt_embeds=embeds.cpu(),
+                            negative_prompt_embeds=neg.cpu() if neg is not None else None, noise_level=noise_level,
+                            sde_type=sde_type, guidance_scale=guidance_scale)
+
+# %% ../nbs/02_wrapper.ipynb #fefdf8fd
+@patch
+def decode(self: GlmImagePolicy, traj: LatentTrajectory, micro_batch_size: int = 8) -> list[Image.Image]:
+    "PIL images of the trajectories' final latents."
+    pipe, out = self.pipeline, []
+    mean, std = self._latent_stats(self.vae.dtype, self.device)
+    with torch.no_grad():
+        for z in traj.latents[:, -1].split(micro_batch_size):
+            img = self.vae.decode(z.to(self.device, self.vae.dtype) * std + mean, return_dict=False)[0]
+            out += pipe.image_processor.postprocess(img, output_type="pil")
+    return out
+
+# %% ../nbs/02_wrapper.ipynb #f171ed8a
+@patch
+def latent_logprobs(
+    self: GlmImagePolicy,
+    traj: LatentTrajectory,
+    micro_batch_size: int | None = None,  # samples per forward (None: all)
+    return_means: bool = False,           # also return the step means [N, k, C, h, w] of the k stochastic steps
+):
+    "Recompute the stochastic steps' log-probs [N, S] (0 for ODE steps) with gradients through the DiT adapters."
+    N, S = traj.logprobs.shape
+    mb = N if micro_batch_size is None else micro_batch_size
+    if mb < 1: raise ValueError(f"latent_logprobs: micro_batch_size must be >= 1, got {micro_batch_size}.")
+    dev, steps, G = self.device, traj.window, traj.rollout.group_size
+    out, means = [], []
+    grad = torch.is_grad_enabled()
+    was_training = self.transformer.training
+    self.transformer.train(grad)  # only so checkpointing engages; the DiT has no dropout
+    try:
+        for start in range(0, N, mb):
+            rows = list(range(start, min(start + mb, N)))
+            cache = self._condition_cache(traj.rollout, [r // G for r in rows], self.dit_dtype) if traj.rollout.images else None
+            embeds = traj.prompt_embeds[rows].to(dev)
+            neg = traj.negative_prompt_embeds[rows].to(dev) if traj.negative_prompt_embeds is not None else None
+            prior = traj.rollout.prior_token_ids[rows].to(dev)
+            lp = torch.zeros(len(rows), S, device=dev)
+            step_means = []
+            for i in steps:
+                x, x_next = traj.latents[rows, i].to(dev), traj.latents[rows, i + 1].to(dev)
+                v = self._velocity(x, traj.timesteps[i], prior, embeds, neg, traj.guidance_scale, cache, traj.rollout.height, traj.rollout.width)
+                mean, tau = sde_step(x, v, traj.sigmas[i].item(), traj.sigmas[i + 1].item(), traj.noise_level, traj.sde_type, traj.sigmas[1].item())
+                lp[:, i] = gaussian_logprob(x_next, mean, tau)
+                step_means.append(mean)
+            out.append(lp)
+            if return_means: means.append(torch.stack(step_means, 1))
+    finally:
+        self.transformer.train(was_training)
+    lp = torch.cat(out, 0)
+    return (lp, torch.cat(means, 0)) if return_means else lp
