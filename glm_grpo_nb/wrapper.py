@@ -32,12 +32,13 @@ from diffusers.pipelines.glm_image.pipeline_glm_image import calculate_shift, re
 from .tiny import COMPONENTS
 
 # %% auto #0
-__all__ = ['AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'quantize_dit_4bit', 'GlmImagePolicy', 'sampling_logits', 'TokenRollout',
-           'sde_step', 'gaussian_logprob', 'LatentTrajectory']
+__all__ = ['AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'DIT_LORA_TARGETS_FF', 'quantize_dit_4bit', 'GlmImagePolicy', 'sampling_logits',
+           'TokenRollout', 'sde_step', 'gaussian_logprob', 'LatentTrajectory']
 
 # %% ../nbs/02_wrapper.ipynb #d8758c82
 AR_LORA_TARGETS = r"model\.language_model\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_up_proj|down_proj))"
 DIT_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
+DIT_LORA_TARGETS_FF = DIT_LORA_TARGETS + ["ff.net.0.proj", "ff.net.2"]  # attention and feed-forward
 
 def _lora_config(spec, targets, what):
     if spec is None or isinstance(spec, LoraConfig): return spec
@@ -170,7 +171,7 @@ def num_trainable_parameters(self: GlmImagePolicy) -> int:
     "Number of parameters that require grad (the LoRA adapters)."
     return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
-# %% ../nbs/02_wrapper.ipynb #334ed65b
+# %% ../nbs/02_wrapper.ipynb #8435e1c0
 def sampling_logits(
     logits: torch.Tensor,   # [..., V] raw logits of the AR head
     codebook_size: int,     # K: ids 0..K-1 are image codes, the only valid ids inside a grid
@@ -199,7 +200,7 @@ def _check_sampling(temperature, top_k, top_p):
     if top_k < 0: raise ValueError(f"top_k must be >= 0 (0 turns it off), got {top_k}.")
     if not 0 < top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
 
-# %% ../nbs/02_wrapper.ipynb #2d3c7138
+# %% ../nbs/02_wrapper.ipynb #fe5fbdb2
 class _GridSampler(LogitsProcessor):
     "Restrict to image codes, temper and truncate; record each sampled token's log-prob."
     def __init__(self, codebook_size, temperature, top_k, top_p, prompt_len):
@@ -220,7 +221,7 @@ class _GridSampler(LogitsProcessor):
         self._record(sequences[:, -1])
         return torch.stack(self.logprobs, dim=1)
 
-# %% ../nbs/02_wrapper.ipynb #fe5fbdb2
+# %% ../nbs/02_wrapper.ipynb #433c2791
 @dataclass
 class TokenRollout:
     "A group of sampled visual-token sequences, prompt-major, with their sampling-time log-probs."
@@ -260,7 +261,7 @@ class TokenRollout:
         h, w = self.grid
         return self.completion[:, off:off + h * w]
 
-# %% ../nbs/02_wrapper.ipynb #433c2791
+# %% ../nbs/02_wrapper.ipynb #4f578b58
 def _check_images(images, prompts):
     if images is None: return None
     if len(images) != len(prompts):
@@ -297,7 +298,7 @@ def _check_prompts(prompts, group_size, height, width):
                          f"token per 32x32 block), got {height}x{width}.")
     return prompts
 
-# %% ../nbs/02_wrapper.ipynb #4f578b58
+# %% ../nbs/02_wrapper.ipynb #55bc60bf
 @patch
 def _encode_prompts(self: GlmImagePolicy, prompts, height, width, images):
     msgs = [[{"role": "user", "content": [{"type": "image", "image": im} for im in (images[i] if images else [])]
@@ -326,7 +327,7 @@ def _encode_prompts(self: GlmImagePolicy, prompts, height, width, images):
         source_grids = list(src_grids.view(len(prompts), n_src, 3))
     return input_ids, enc["attention_mask"], grids, per_sample, source_ids, source_grids
 
-# %% ../nbs/02_wrapper.ipynb #b5749eb7
+# %% ../nbs/02_wrapper.ipynb #fccf0af6
 def _repeat_groups(grids, per_sample, group_size):
     "Repeat each sample's block of grids `group_size` times (prompt-major)."
     blocks = torch.split(grids, per_sample.tolist())
@@ -388,7 +389,7 @@ def sample_tokens(
                         preview_grid=preview, temperature=temperature, top_k=top_k, top_p=top_p, images=images,
                         source_token_ids=source_ids, source_grid_thw=source_grids)
 
-# %% ../nbs/02_wrapper.ipynb #6dc81e74
+# %% ../nbs/02_wrapper.ipynb #6bf77847
 @patch
 def _position_ids(self: GlmImagePolicy, rollout: TokenRollout, rows: slice) -> torch.Tensor:
     "[3, n, L + T - 1] M-RoPE positions exactly as generation used them, for the sequences without the end token."
@@ -402,7 +403,7 @@ def _position_ids(self: GlmImagePolicy, rollout: TokenRollout, rows: slice) -> t
     T = rollout.completion.shape[1]
     return torch.cat([prompt_pos, decode_pos[:, :, :T - 1]], dim=2)
 
-# %% ../nbs/02_wrapper.ipynb #76692f4c
+# %% ../nbs/02_wrapper.ipynb #a7fad2b9
 @patch
 def token_logprobs(
     self: GlmImagePolicy,
@@ -434,7 +435,7 @@ def token_logprobs(
         self.ar.train(was_training)
     return torch.cat(out, 0)
 
-# %% ../nbs/02_wrapper.ipynb #f5b989b5
+# %% ../nbs/02_wrapper.ipynb #ce5764ec
 @patch
 @contextlib.contextmanager
 def reference(self: GlmImagePolicy):
@@ -446,7 +447,7 @@ def reference(self: GlmImagePolicy):
             stack.callback(self.transformer.enable_adapters)
         yield self
 
-# %% ../nbs/02_wrapper.ipynb #baade8e5
+# %% ../nbs/02_wrapper.ipynb #44670d5b
 def _prefix_keys(f: Path, prefix: str):
     "Rewrite a diffusers LoRA file with `prefix` on every tensor and LoRA-config key (the pipeline-level layout)."
     with safe_open(f, framework="pt") as fh:
@@ -504,7 +505,7 @@ def load_adapters(self: GlmImagePolicy, directory: str | Path) -> None:
             raise ValueError(f"load_adapters: {f} does not match this policy's {sub} adapter "
                              f"({len(state)} tensors for {len(own)}; unexpected: {list(res.unexpected_keys)[:3]}).")
 
-# %% ../nbs/02_wrapper.ipynb #e841406c
+# %% ../nbs/02_wrapper.ipynb #6bce8dec
 def sde_step(
     x: torch.Tensor,          # [n, C, h, w] current latents (fp32)
     v: torch.Tensor,          # [n, C, h, w] guided velocity (fp32)
@@ -531,7 +532,7 @@ def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float) -> torch.T
     lp = -((x - mean) ** 2) / (2 * std ** 2) - math.log(std) - 0.5 * math.log(2 * math.pi)
     return lp.mean(dim=(-3, -2, -1))
 
-# %% ../nbs/02_wrapper.ipynb #2d827f4f
+# %% ../nbs/02_wrapper.ipynb #f71c045b
 @dataclass
 class LatentTrajectory:
     "Denoising trajectories for a TokenRollout, with per-step log-probs of the stochastic steps."
@@ -553,7 +554,7 @@ class LatentTrajectory:
     @property
     def window(self) -> list[int]: return self.stochastic.nonzero().flatten().tolist()
 
-# %% ../nbs/02_wrapper.ipynb #f71c045b
+# %% ../nbs/02_wrapper.ipynb #49bf507f
 @patch(as_prop=True)
 def pipeline(self: GlmImagePolicy) -> GlmImagePipeline:
     "A stock GlmImagePipeline sharing this policy's components (adapters included)."
@@ -576,7 +577,7 @@ def _schedule(self: GlmImagePolicy, num_steps, height, width):
     timesteps, _ = retrieve_timesteps(sch, num_steps, "cpu", ts, ts / sch.config.num_train_timesteps, mu=mu)
     return timesteps.float().cpu(), sch.sigmas.float().cpu()
 
-# %% ../nbs/02_wrapper.ipynb #71126461
+# %% ../nbs/02_wrapper.ipynb #78d1d132
 def _window(sde_window, num_steps):
     "Indices of the stochastic steps: default the first quarter of the schedule (at least one step)."
     if sde_window is None: steps = list(range(max(1, num_steps // 4)))
@@ -587,7 +588,7 @@ def _window(sde_window, num_steps):
         raise ValueError(f"sde_window {sde_window!r} is empty or outside the schedule's steps 0..{num_steps - 1}.")
     return steps
 
-# %% ../nbs/02_wrapper.ipynb #a7e287cd
+# %% ../nbs/02_wrapper.ipynb #4cc2990e
 @patch
 def _latent_stats(self: GlmImagePolicy, dtype, device):
     c = self.vae.config
@@ -622,7 +623,7 @@ def _condition_cache(self: GlmImagePolicy, rollout: TokenRollout, prompt_rows: l
     cache.set_mode("read")
     return cache
 
-# %% ../nbs/02_wrapper.ipynb #4cc2990e
+# %% ../nbs/02_wrapper.ipynb #00cf8cdc
 @patch
 def _velocity(self: GlmImagePolicy, x, t, prior, embeds, neg_embeds, guidance_scale, cache, height, width):
     "Guided velocity (fp32) for latents `x` [n, C, h, w] at scheduler timestep `t`."
@@ -640,7 +641,7 @@ def _velocity(self: GlmImagePolicy, x, t, prior, embeds, neg_embeds, guidance_sc
         v = v_u + guidance_scale * (v - v_u)
     return v
 
-# %% ../nbs/02_wrapper.ipynb #00cf8cdc
+# %% ../nbs/02_wrapper.ipynb #fefdf8fd
 @patch
 def sample_latents(
     self: GlmImagePolicy,
@@ -701,7 +702,7 @@ def sample_latents(
                             negative_prompt_embeds=neg.cpu() if neg is not None else None, noise_level=noise_level,
                             sde_type=sde_type, guidance_scale=guidance_scale)
 
-# %% ../nbs/02_wrapper.ipynb #fefdf8fd
+# %% ../nbs/02_wrapper.ipynb #6a066366
 @patch
 def decode(self: GlmImagePolicy, traj: LatentTrajectory, micro_batch_size: int = 8) -> list[Image.Image]:
     "PIL images of the trajectories' final latents."
@@ -713,7 +714,7 @@ def decode(self: GlmImagePolicy, traj: LatentTrajectory, micro_batch_size: int =
             out += pipe.image_processor.postprocess(img, output_type="pil")
     return out
 
-# %% ../nbs/02_wrapper.ipynb #f171ed8a
+# %% ../nbs/02_wrapper.ipynb #c7f5257c
 @patch
 def latent_logprobs(
     self: GlmImagePolicy,
