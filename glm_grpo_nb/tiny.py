@@ -19,7 +19,7 @@ from transformers.models.glm_image.image_processing_pil_glm_image import GlmImag
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTransformer2DModel
 
 # %% auto #0
-__all__ = ['MODEL_INDEX', 'COMPONENTS', 'make_tiny_glm_image', 'folder_digest']
+__all__ = ['MODEL_INDEX', 'COMPONENTS', 'make_tiny_glm_image', 'folder_digest', 'make_tiny_clip', 'make_tiny_ocr']
 
 # %% ../nbs/01_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -123,3 +123,62 @@ def folder_digest(path: str | Path) -> str:
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
         h.update(str(f.relative_to(path)).encode()); h.update(f.read_bytes())
     return h.hexdigest()
+
+# %% ../nbs/01_tiny.ipynb #1d2dd8f8
+def _char_tokenizer(max_length=64):
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocab = {t: i for i, t in enumerate(specials + [chr(i) for i in range(32, 127)])}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>", model_max_length=max_length)
+
+def _save_atomically(path, parts):
+    path = Path(path).expanduser()
+    if path.exists() and any(path.iterdir()) and not (path / "config.json").exists():
+        raise ValueError(f"{path} exists and is not a model folder; pass an empty or new folder.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        for p in parts: p.save_pretrained(tmp)
+        if path.exists(): shutil.rmtree(path)
+        tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+def make_tiny_clip(path: str | Path, seed: int = 0) -> Path:
+    "A tiny random CLIP (model + processor) at `path`, loadable with `AutoModel` / `AutoProcessor`."
+    from transformers import CLIPConfig, CLIPModel, CLIPProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    tok = _char_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = CLIPModel(CLIPConfig(
+            text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                               image_size=32, patch_size=8),
+            projection_dim=16))
+    proc = CLIPProcessor(image_processor=CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+                         tokenizer=tok)
+    return _save_atomically(path, [model, proc])
+
+def make_tiny_ocr(path: str | Path, seed: int = 0) -> Path:
+    "A tiny random TrOCR-style OCR model (ViT encoder, GPT-2 decoder, processor) at `path`."
+    from transformers import GPT2Config, TrOCRProcessor, ViTConfig, VisionEncoderDecoderConfig, VisionEncoderDecoderModel
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+    tok = _char_tokenizer()
+    enc = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8)
+    dec = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=64, bos_token_id=1, eos_token_id=2,
+                     add_cross_attention=True, is_decoder=True)
+    cfg = VisionEncoderDecoderConfig(encoder=enc.to_dict(), decoder=dec.to_dict())
+    cfg.decoder_start_token_id, cfg.pad_token_id, cfg.eos_token_id = 1, 0, 2
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = VisionEncoderDecoderModel(config=cfg)
+    gc = model.generation_config
+    gc.decoder_start_token_id, gc.pad_token_id, gc.eos_token_id, gc.bos_token_id = 1, 0, 2, 1
+    proc = TrOCRProcessor(image_processor=ViTImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tok)
+    return _save_atomically(path, [model, proc])
