@@ -11,7 +11,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image, ImageDraw, ImageFont
 from tokenizers import AddedToken, Tokenizer, models
 from transformers import (ByT5Tokenizer, GlmImageConfig, GlmImageForConditionalGeneration, GlmImageProcessor,
                           PreTrainedTokenizerFast, T5Config, T5EncoderModel)
@@ -19,7 +21,8 @@ from transformers.models.glm_image.image_processing_pil_glm_image import GlmImag
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTransformer2DModel
 
 # %% auto #0
-__all__ = ['MODEL_INDEX', 'COMPONENTS', 'make_tiny_glm_image', 'folder_digest', 'make_tiny_clip', 'make_tiny_ocr']
+__all__ = ['MODEL_INDEX', 'COMPONENTS', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'make_tiny_glm_image', 'folder_digest',
+           'make_tiny_clip', 'make_tiny_ocr', 'color_rgb', 'palette_codes', 'codes_image', 'synthetic_scene']
 
 # %% ../nbs/01_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -182,3 +185,60 @@ def make_tiny_ocr(path: str | Path, seed: int = 0) -> Path:
     gc.decoder_start_token_id, gc.pad_token_id, gc.eos_token_id, gc.bos_token_id = 1, 0, 2, 1
     proc = TrOCRProcessor(image_processor=ViTImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tok)
     return _save_atomically(path, [model, proc])
+
+# %% ../nbs/01_tiny.ipynb #c421f905
+LEVELS = np.array([0, 85, 170, 255])
+PALETTE = np.array([[r, g, b] for r in LEVELS for g in LEVELS for b in LEVELS], dtype=np.float32)  # [64, 3], code k = 16r+4g+b
+COLOR_NAMES = {"black": (0, 0, 0), "white": (3, 3, 3), "gray": (2, 2, 2), "red": (3, 0, 0), "green": (0, 3, 0),
+               "blue": (0, 0, 3), "yellow": (3, 3, 0), "cyan": (0, 3, 3), "magenta": (3, 0, 3), "orange": (3, 2, 0),
+               "purple": (2, 0, 3), "pink": (3, 1, 2), "brown": (2, 1, 0), "navy": (0, 0, 2), "teal": (0, 2, 2),
+               "olive": (2, 2, 0)}
+WORDS = ["HI", "OK", "GO", "SUN", "CAT", "RED", "SALE", "OPEN", "GLM", "YES"]
+
+def color_rgb(name: str) -> tuple[int, int, int]:
+    "The palette RGB of a colour name."
+    return tuple(int(LEVELS[i]) for i in COLOR_NAMES[name])
+
+def palette_codes(image: Image.Image, grid_h: int, grid_w: int) -> np.ndarray:
+    "[grid_h, grid_w] codes: the palette colour nearest to each block's mean colour."
+    means = np.asarray(image.convert("RGB").resize((grid_w, grid_h), Image.Resampling.BOX), dtype=np.float32)
+    d = ((means[:, :, None, :] - PALETTE[None, None]) ** 2).sum(-1)
+    return d.argmin(-1)
+
+def codes_image(codes: np.ndarray, size: tuple[int, int]) -> Image.Image:
+    "Paint a code grid as palette colours at `size` (width, height): what the tokens 'mean'."
+    return Image.fromarray(PALETTE[codes].astype(np.uint8)).resize(size, Image.Resampling.NEAREST)
+
+# %% ../nbs/01_tiny.ipynb #d56b4390
+def synthetic_scene(rng: np.random.Generator, width: int = 64, height: int = 64) -> tuple[Image.Image, str]:
+    "One random synthetic image and its caption."
+    names = list(COLOR_NAMES)
+    c1, c2 = rng.choice(len(names), 2, replace=False)
+    fg, bg = names[c1], names[c2]
+    im = Image.new("RGB", (width, height), color_rgb(bg))
+    d = ImageDraw.Draw(im)
+    kind = rng.integers(6)
+    if kind == 0:
+        im = Image.new("RGB", (width, height), color_rgb(fg)); caption = f"a {fg} field"
+    elif kind in (1, 2):
+        s = int(rng.integers(min(width, height) // 4, min(width, height) * 2 // 3))
+        x, y = int(rng.integers(0, width - s + 1)), int(rng.integers(0, height - s + 1))
+        (d.rectangle if kind == 1 else d.ellipse)([x, y, x + s - 1, y + s - 1], fill=color_rgb(fg))
+        caption = f"a {fg} {'square' if kind == 1 else 'circle'} on a {bg} background"
+    elif kind == 3:
+        if rng.integers(2):
+            d.rectangle([0, 0, width // 2 - 1, height], fill=color_rgb(fg)); caption = f"{fg} on the left, {bg} on the right"
+        else:
+            d.rectangle([0, 0, width, height // 2 - 1], fill=color_rgb(fg)); caption = f"{fg} on top, {bg} below"
+    elif kind == 4:
+        t = np.linspace(0, 1, width, dtype=np.float32)[None, :, None]
+        arr = (1 - t) * np.array(color_rgb(fg), np.float32) + t * np.array(color_rgb(bg), np.float32)
+        im = Image.fromarray(np.repeat(arr, height, 0).astype(np.uint8)); caption = f"a gradient from {fg} to {bg}"
+    else:
+        word = WORDS[int(rng.integers(len(WORDS)))]
+        font = ImageFont.load_default(size=max(12, height // 3))
+        l, t, r, b = d.textbbox((0, 0), word, font=font)
+        x = int(rng.integers(0, max(1, width - (r - l)))) - l
+        y = int(rng.integers(0, max(1, height - (b - t)))) - t
+        d.text((x, y), word, fill=color_rgb(fg), font=font); caption = f"the word '{word}' in {fg} on {bg}"
+    return im, caption

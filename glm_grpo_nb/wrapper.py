@@ -374,22 +374,51 @@ def sample_tokens(
     out = out.cpu()
     if out.shape[1] != ids.shape[1] + n_sampled or (out[:, ids.shape[1]:] >= self.codebook_size).any():
         raise RuntimeError("generation did not produce exactly the grid tokens; this is a bug, please report it.")
-    logprobs = sampler.finish(out).cpu()
-    N = out.shape[0]
-    sequences = torch.cat([out, torch.full((N, 1), self.image_end_id, dtype=out.dtype)], dim=1)
-    completion_mask = torch.ones(N, n_sampled + 1, dtype=torch.bool)
+    return self._rollout(prompts, G, height, width, ids, mask, grids_n, per_n, out[:, ids.shape[1]:],
+                         sampler.finish(out).cpu(), preview, images, source_ids, source_grids, temperature, top_k, top_p)
+
+@patch
+def _rollout(self: GlmImagePolicy, prompts, G, height, width, ids, mask, grids, per_sample, grid_tokens, logprobs,
+             preview, images, source_ids, source_grids, temperature=1.0, top_k=0, top_p=1.0) -> TokenRollout:
+    "Assemble a TokenRollout: append the forced end token, build masks and the upsampled prior."
+    N, grid = grid_tokens.shape[0], (height // 32, width // 32)
+    sequences = torch.cat([ids, grid_tokens, torch.full((N, 1), self.image_end_id, dtype=ids.dtype)], dim=1)
+    completion_mask = torch.ones(N, grid_tokens.shape[1] + 1, dtype=torch.bool)
     completion_mask[:, -1] = False
     logprobs = torch.cat([logprobs, torch.zeros(N, 1)], dim=1)
     off = preview[0] * preview[1] if preview else 0
-    large = out[:, ids.shape[1] + off: ids.shape[1] + off + grid[0] * grid[1]]
-    prior = F.interpolate(large.view(N, 1, *grid).float(), scale_factor=2, mode="nearest").long().view(N, -1)
+    large = grid_tokens[:, off:off + grid[0] * grid[1]]
+    prior = F.interpolate(large.reshape(N, 1, *grid).float(), scale_factor=2, mode="nearest").long().view(N, -1)
     return TokenRollout(prompts=prompts, group_size=G, height=height, width=width, input_ids=ids, attention_mask=mask,
-                        image_grid_thw=grids_n, images_per_sample=per_n, sequences=sequences,
+                        image_grid_thw=grids, images_per_sample=per_sample, sequences=sequences,
                         completion_mask=completion_mask, logprobs=logprobs, prior_token_ids=prior, grid=grid,
                         preview_grid=preview, temperature=temperature, top_k=top_k, top_p=top_p, images=images,
                         source_token_ids=source_ids, source_grid_thw=source_grids)
 
 # %% ../nbs/02_wrapper.ipynb #6bf77847
+@patch
+def rollout_from_tokens(
+    self: GlmImagePolicy,
+    prompts: list[str],             # N prompts, one per sequence
+    grid_tokens: torch.Tensor,      # [N, T-1] image codes: t2i preview grid then large grid (i2i: large grid only)
+    height: int, width: int,
+    images: list[list[Image.Image]] | None = None,  # i2i: one list of source images per prompt
+) -> TokenRollout:
+    "A TokenRollout holding the given grid tokens (group size 1), ready for `token_logprobs`."
+    prompts = _check_prompts(prompts, 1, height, width)
+    images = _check_images(images, prompts)
+    ids, mask, grids, per_sample, source_ids, source_grids = self._encode_prompts(prompts, height, width, images)
+    last = grids[int(per_sample[0]) - 1].tolist()
+    preview = (last[1], last[2]) if images is None else None
+    want = (height // 32) * (width // 32) + (preview[0] * preview[1] if preview else 0)
+    grid_tokens = torch.as_tensor(grid_tokens, dtype=ids.dtype)
+    if grid_tokens.shape != (len(prompts), want) or grid_tokens.min() < 0 or grid_tokens.max() >= self.codebook_size:
+        raise ValueError(f"rollout_from_tokens: expected grid_tokens of shape ({len(prompts)}, {want}) with codes in "
+                         f"0..{self.codebook_size - 1}, got {tuple(grid_tokens.shape)}.")
+    return self._rollout(prompts, 1, height, width, ids, mask, grids, per_sample, grid_tokens,
+                         torch.zeros(len(prompts), want), preview, images, source_ids, source_grids)
+
+# %% ../nbs/02_wrapper.ipynb #2f8bc4fc
 @patch
 def _position_ids(self: GlmImagePolicy, rollout: TokenRollout, rows: slice) -> torch.Tensor:
     "[3, n, L + T - 1] M-RoPE positions exactly as generation used them, for the sequences without the end token."
@@ -403,7 +432,7 @@ def _position_ids(self: GlmImagePolicy, rollout: TokenRollout, rows: slice) -> t
     T = rollout.completion.shape[1]
     return torch.cat([prompt_pos, decode_pos[:, :, :T - 1]], dim=2)
 
-# %% ../nbs/02_wrapper.ipynb #a7fad2b9
+# %% ../nbs/02_wrapper.ipynb #96e8814f
 @patch
 def token_logprobs(
     self: GlmImagePolicy,
@@ -435,7 +464,7 @@ def token_logprobs(
         self.ar.train(was_training)
     return torch.cat(out, 0)
 
-# %% ../nbs/02_wrapper.ipynb #ce5764ec
+# %% ../nbs/02_wrapper.ipynb #823d7c60
 @patch
 @contextlib.contextmanager
 def reference(self: GlmImagePolicy):
@@ -447,7 +476,7 @@ def reference(self: GlmImagePolicy):
             stack.callback(self.transformer.enable_adapters)
         yield self
 
-# %% ../nbs/02_wrapper.ipynb #44670d5b
+# %% ../nbs/02_wrapper.ipynb #6bce8dec
 def _prefix_keys(f: Path, prefix: str):
     "Rewrite a diffusers LoRA file with `prefix` on every tensor and LoRA-config key (the pipeline-level layout)."
     with safe_open(f, framework="pt") as fh:
@@ -505,7 +534,7 @@ def load_adapters(self: GlmImagePolicy, directory: str | Path) -> None:
             raise ValueError(f"load_adapters: {f} does not match this policy's {sub} adapter "
                              f"({len(state)} tensors for {len(own)}; unexpected: {list(res.unexpected_keys)[:3]}).")
 
-# %% ../nbs/02_wrapper.ipynb #6bce8dec
+# %% ../nbs/02_wrapper.ipynb #71126461
 def sde_step(
     x: torch.Tensor,          # [n, C, h, w] current latents (fp32)
     v: torch.Tensor,          # [n, C, h, w] guided velocity (fp32)
@@ -532,7 +561,7 @@ def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float) -> torch.T
     lp = -((x - mean) ** 2) / (2 * std ** 2) - math.log(std) - 0.5 * math.log(2 * math.pi)
     return lp.mean(dim=(-3, -2, -1))
 
-# %% ../nbs/02_wrapper.ipynb #f71c045b
+# %% ../nbs/02_wrapper.ipynb #6e6d799e
 @dataclass
 class LatentTrajectory:
     "Denoising trajectories for a TokenRollout, with per-step log-probs of the stochastic steps."
@@ -554,7 +583,7 @@ class LatentTrajectory:
     @property
     def window(self) -> list[int]: return self.stochastic.nonzero().flatten().tolist()
 
-# %% ../nbs/02_wrapper.ipynb #49bf507f
+# %% ../nbs/02_wrapper.ipynb #c03e644a
 @patch(as_prop=True)
 def pipeline(self: GlmImagePolicy) -> GlmImagePipeline:
     "A stock GlmImagePipeline sharing this policy's components (adapters included)."
@@ -577,7 +606,7 @@ def _schedule(self: GlmImagePolicy, num_steps, height, width):
     timesteps, _ = retrieve_timesteps(sch, num_steps, "cpu", ts, ts / sch.config.num_train_timesteps, mu=mu)
     return timesteps.float().cpu(), sch.sigmas.float().cpu()
 
-# %% ../nbs/02_wrapper.ipynb #78d1d132
+# %% ../nbs/02_wrapper.ipynb #00cf8cdc
 def _window(sde_window, num_steps):
     "Indices of the stochastic steps: default the first quarter of the schedule (at least one step)."
     if sde_window is None: steps = list(range(max(1, num_steps // 4)))
@@ -588,7 +617,7 @@ def _window(sde_window, num_steps):
         raise ValueError(f"sde_window {sde_window!r} is empty or outside the schedule's steps 0..{num_steps - 1}.")
     return steps
 
-# %% ../nbs/02_wrapper.ipynb #4cc2990e
+# %% ../nbs/02_wrapper.ipynb #9fecfce0
 @patch
 def _latent_stats(self: GlmImagePolicy, dtype, device):
     c = self.vae.config
@@ -623,7 +652,7 @@ def _condition_cache(self: GlmImagePolicy, rollout: TokenRollout, prompt_rows: l
     cache.set_mode("read")
     return cache
 
-# %% ../nbs/02_wrapper.ipynb #00cf8cdc
+# %% ../nbs/02_wrapper.ipynb #d3fec5e0
 @patch
 def _velocity(self: GlmImagePolicy, x, t, prior, embeds, neg_embeds, guidance_scale, cache, height, width):
     "Guided velocity (fp32) for latents `x` [n, C, h, w] at scheduler timestep `t`."
@@ -641,7 +670,7 @@ def _velocity(self: GlmImagePolicy, x, t, prior, embeds, neg_embeds, guidance_sc
         v = v_u + guidance_scale * (v - v_u)
     return v
 
-# %% ../nbs/02_wrapper.ipynb #fefdf8fd
+# %% ../nbs/02_wrapper.ipynb #a617c7f4
 @patch
 def sample_latents(
     self: GlmImagePolicy,
@@ -702,7 +731,7 @@ def sample_latents(
                             negative_prompt_embeds=neg.cpu() if neg is not None else None, noise_level=noise_level,
                             sde_type=sde_type, guidance_scale=guidance_scale)
 
-# %% ../nbs/02_wrapper.ipynb #6a066366
+# %% ../nbs/02_wrapper.ipynb #85d35acf
 @patch
 def decode(self: GlmImagePolicy, traj: LatentTrajectory, micro_batch_size: int = 8) -> list[Image.Image]:
     "PIL images of the trajectories' final latents."
@@ -714,7 +743,7 @@ def decode(self: GlmImagePolicy, traj: LatentTrajectory, micro_batch_size: int =
             out += pipe.image_processor.postprocess(img, output_type="pil")
     return out
 
-# %% ../nbs/02_wrapper.ipynb #c7f5257c
+# %% ../nbs/02_wrapper.ipynb #6a7ff17f
 @patch
 def latent_logprobs(
     self: GlmImagePolicy,
