@@ -20,10 +20,11 @@ from PIL import Image
 from .loss import group_advantages
 
 # %% auto #0
-__all__ = ['REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'validate_scores', 'call_reward', 'evaluate_reward',
-           'images_to_tensor', 'ssim', 'MSEReward', 'PSNRReward', 'SSIMReward', 'RednessReward', 'quoted_texts',
-           'edit_distance', 'text_similarity', 'word_accuracy', 'TransformersOCR', 'OCRReward', 'CLIPScoreReward',
-           'PickScoreReward', 'AestheticReward', 'PerceptualReward', 'load_reward', 'CombinedReward', 'combine']
+__all__ = ['REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores', 'call_reward',
+           'evaluate_reward', 'images_to_tensor', 'ssim', 'MSEReward', 'PSNRReward', 'SSIMReward', 'RednessReward',
+           'quoted_texts', 'edit_distance', 'text_similarity', 'word_accuracy', 'TransformersOCR', 'OCRReward',
+           'CLIPScoreReward', 'PickScoreReward', 'AestheticReward', 'PerceptualReward', 'load_reward', 'CombinedReward',
+           'combine']
 
 # %% ../nbs/03_rewards.ipynb #c0361b0a
 class Reward:
@@ -66,6 +67,9 @@ def _check_inputs(images, prompts, targets, sources):
     if sources is not None and len(sources) != n:
         raise ValueError(f"evaluate_reward: {len(sources)} source lists for {n} images; pass one list of sources per image.")
 
+class NonFiniteRewardError(ValueError):
+    "A reward returned NaN or inf: the trainer skips that step instead of learning from it."
+
 def validate_scores(name: str, scores, n: int) -> torch.Tensor:
     "Check a reward's output: a finite real vector of length `n`. Returns it as float32 on the CPU."
     if isinstance(scores, (list, tuple, np.ndarray)): scores = torch.as_tensor(np.asarray(scores))
@@ -79,7 +83,7 @@ def validate_scores(name: str, scores, n: int) -> torch.Tensor:
     scores = scores.detach().float().cpu()
     if not torch.isfinite(scores).all():
         bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
-        raise ValueError(f"reward {name!r} returned NaN or inf for images {bad}; make it return finite scores.")
+        raise NonFiniteRewardError(f"reward {name!r} returned NaN or inf for images {bad}; make it return finite scores.")
     return scores
 
 def call_reward(reward, images, prompts, targets=None, sources=None):

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import shutil
@@ -260,6 +261,25 @@ class TokenRollout:
         off = self.preview_grid[0] * self.preview_grid[1] if self.preview_grid else 0
         h, w = self.grid
         return self.completion[:, off:off + h * w]
+
+    @property
+    def sample_prompts(self) -> list[str]:
+        "[N] the prompt of each sample."
+        return [p for p in self.prompts for _ in range(self.group_size)]
+
+    def select(self, rows) -> "TokenRollout":
+        "The samples `rows` as a rollout of groups of one (for micro-batches and sharding)."
+        rows = torch.as_tensor(rows, dtype=torch.long).tolist()
+        G, pick = self.group_size, (lambda xs: None if xs is None else [xs[r // self.group_size] for r in rows])
+        blocks = torch.split(self.image_grid_thw, self.images_per_sample.tolist())
+        return TokenRollout(
+            prompts=[self.prompts[r // G] for r in rows], group_size=1, height=self.height, width=self.width,
+            input_ids=self.input_ids[rows], attention_mask=self.attention_mask[rows],
+            image_grid_thw=torch.cat([blocks[r] for r in rows]), images_per_sample=self.images_per_sample[rows],
+            sequences=self.sequences[rows], completion_mask=self.completion_mask[rows], logprobs=self.logprobs[rows],
+            prior_token_ids=self.prior_token_ids[rows], grid=self.grid, preview_grid=self.preview_grid,
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, images=pick(self.images),
+            source_token_ids=pick(self.source_token_ids), source_grid_thw=pick(self.source_grid_thw))
 
 # %% ../nbs/02_wrapper.ipynb #4f578b58
 def _check_images(images, prompts):
@@ -582,6 +602,14 @@ class LatentTrajectory:
     def num_steps(self) -> int: return self.logprobs.shape[1]
     @property
     def window(self) -> list[int]: return self.stochastic.nonzero().flatten().tolist()
+
+    def select(self, rows) -> "LatentTrajectory":
+        "The trajectories `rows` (their rollout becomes groups of one)."
+        rows = torch.as_tensor(rows, dtype=torch.long).tolist()
+        neg = self.negative_prompt_embeds
+        return dataclasses.replace(self, rollout=self.rollout.select(rows), latents=self.latents[rows],
+                                   logprobs=self.logprobs[rows], prompt_embeds=self.prompt_embeds[rows],
+                                   negative_prompt_embeds=None if neg is None else neg[rows])
 
 # %% ../nbs/02_wrapper.ipynb #c03e644a
 @patch(as_prop=True)
