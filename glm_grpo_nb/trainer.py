@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from .data import PromptDataset
 from .loss import aggregate, clipped_surrogate, gaussian_kl, group_advantages, kl_k3
 from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward
-from .wrapper import GlmImagePolicy, LatentTrajectory, TokenRollout
+from .wrapper import GlmImagePolicy, LatentTrajectory, TokenRollout, _window
 
 # %% auto #0
 __all__ = ['Sample', 'StepResult', 'GRPOTrainer', 'sample', 'update', 'step', 'fit', 'evaluate', 'save', 'resume']
@@ -158,7 +158,7 @@ class GRPOTrainer:
         self.dataset = _as_dataset(dataset)
         self.eval_dataset = _as_dataset(eval_prompts) if eval_prompts is not None else None
         cfg = {k: v for k, v in locals().items() if k in _CONFIG_KEYS}
-        if isinstance(cfg["sde_window"], range): cfg["sde_window"] = list(cfg["sde_window"])
+        if cfg["sde_window"] is not None: cfg["sde_window"] = _window(cfg["sde_window"], num_steps)  # explicit steps: JSON-safe
         if cfg["height"] is None or cfg["width"] is None:
             w, h = self._default_size()
             cfg["height"], cfg["width"] = cfg["height"] or h, cfg["width"] or w

@@ -80,7 +80,7 @@ def quantize_dit_4bit(transformer: torch.nn.Module, compute_dtype: torch.dtype, 
 class GlmImagePolicy(torch.nn.Module):
     "GLM-Image's AR model and DiT decoder, with LoRA adapters, as a GRPO policy."
     def __init__(self, processor, tokenizer, text_encoder, vision_language_encoder, transformer, vae, scheduler,
-                 ar_lora=None, dit_lora=None, gradient_checkpointing=True, load_in_4bit=False):
+                 ar_lora=None, dit_lora=None, gradient_checkpointing=True, load_in_4bit=False, lora_seed=0):
         super().__init__()
         self.processor, self.tokenizer, self.scheduler = processor, tokenizer, scheduler
         self.processor.tokenizer.padding_side = "left"  # prompts of different lengths end where generation starts
@@ -98,14 +98,17 @@ class GlmImagePolicy(torch.nn.Module):
             vision_language_encoder.requires_grad_(False)
         elif gradient_checkpointing:
             vision_language_encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if ar_cfg is not None:
-            self.ar_peft = get_peft_model(vision_language_encoder, ar_cfg)  # injects LoRA layers in place
-            self.ar_peft.eval()
         dit_cfg = _lora_config(dit_lora, DIT_LORA_TARGETS, "dit_lora")
         self.has_dit_lora = dit_cfg is not None
-        if dit_cfg is not None:
-            transformer.add_adapter(dit_cfg)
-            transformer.eval()
+        dev = next(vision_language_encoder.parameters()).device
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            torch.manual_seed(lora_seed)  # LoRA A matrices start random: seed them so runs are reproducible
+            if ar_cfg is not None:
+                self.ar_peft = get_peft_model(vision_language_encoder, ar_cfg)  # injects LoRA layers in place
+                self.ar_peft.eval()
+            if dit_cfg is not None:
+                transformer.add_adapter(dit_cfg)
+                transformer.eval()
         if gradient_checkpointing: transformer.enable_gradient_checkpointing()
         for m in self.modules():
             # bitsandbytes repacks 4-bit weights for a faster CPU *inference* kernel on the first no-grad forward; that
@@ -136,6 +139,7 @@ def from_pretrained(
     torch_dtype: torch.dtype | None = None,    # default: bfloat16 on CUDA, float32 otherwise
     device: str | torch.device | None = None,  # default: CUDA if available
     gradient_checkpointing: bool = True,       # recompute activations in backward (AR layers, DiT blocks)
+    lora_seed: int = 0,              # seeds the adapters' random initialisation
     verbose: bool = True,            # print the trainable parameter count
 ) -> GlmImagePolicy:
     "Load every component of GLM-Image and attach the requested adapters."
@@ -160,7 +164,7 @@ def from_pretrained(
         vae=AutoencoderKL.from_pretrained(src, subfolder="vae", torch_dtype=dtype).to(device),
         scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(src, subfolder="scheduler"))
     policy = cls(**parts, ar_lora=ar_lora, dit_lora=dit_lora, gradient_checkpointing=gradient_checkpointing,
-                 load_in_4bit=load_in_4bit)
+                 load_in_4bit=load_in_4bit, lora_seed=lora_seed)
     if verbose:
         n, total = policy.num_trainable_parameters(), sum(p.numel() for p in policy.parameters())
         print(f"GlmImagePolicy: {n:,} trainable parameters (LoRA) of {total:,}")
