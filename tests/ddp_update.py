@@ -28,5 +28,5 @@ if __name__ == "__main__":
     assert not metrics["skipped"]
     if acc.is_main_process:
         save_file({n: p.detach().contiguous() for n, p in policy.named_parameters() if p.requires_grad}, out,
-                  metadata={"reward_std": str(metrics["reward_std"])})
+                  metadata={"reward_std": str(metrics["reward_std"]), "num_processes": str(acc.num_processes)})
     acc.wait_for_everyone()

@@ -11,21 +11,25 @@ PROMPTS = ["a blue square on a white background", "a green circle on a gray back
            "the word 'OK' in white on blue", "green on the left, black on the right", "a cyan field"]
 STEPS, WINDOW = 24, 6
 
+# The tiny model's adapters need larger steps than the real model's (the trainer's default lr is 1e-4).
 SETTINGS = {
-    "ar": dict(train_ar=True, train_dit=False, lr=3e-3),
-    "dit": dict(train_ar=False, train_dit=True, lr=3e-3),
-    "joint": dict(train_ar=True, train_dit=True, lr=3e-3),
+    "ar": dict(train_ar=True, train_dit=False, ar_lr=3e-3),
+    "dit": dict(train_ar=False, train_dit=True, dit_lr=1e-2),
+    "joint": dict(train_ar=True, train_dit=True, ar_lr=3e-3, dit_lr=3e-3),
 }
+
+
+def run(tiny_path, which, seed):
+    policy = GlmImagePolicy.from_pretrained(tiny_path, ar_lora=8, dit_lora=8, device="cpu", lora_seed=seed, verbose=False)
+    trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=4, prompts_per_step=3, height=64, width=64,
+                          num_steps=6, sde_window=(0, 3), seed=seed, **SETTINGS[which])
+    return [h["reward_mean"] for h in trainer.fit(STEPS, progress=False)]
 
 
 @pytest.mark.parametrize("which", list(SETTINGS))
 def test_reward_rises(tiny_path, which):
-    torch.manual_seed(0)
-    policy = GlmImagePolicy.from_pretrained(tiny_path, ar_lora=8, dit_lora=8, device="cpu", verbose=False)
-    trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=4, prompts_per_step=3, height=64, width=64,
-                          num_steps=6, sde_window=(0, 3), seed=0, **SETTINGS[which])
-    hist = trainer.fit(STEPS, progress=False)
-    rewards = [h["reward_mean"] for h in hist]
+    seed = 1
+    rewards = run(tiny_path, which, seed)
     first, last = sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
     print(f"{which}: first {first:.3f} last {last:.3f}")
     assert last > first + 0.1, f"{which}: reward did not rise enough ({first:.3f} -> {last:.3f}); per step {rewards}"
