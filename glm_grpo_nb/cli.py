@@ -14,7 +14,7 @@ from fastcore.script import anno_parser
 from . import __version__
 
 # %% auto #0
-__all__ = ['COMMANDS', 'tiny', 'generate', 'main']
+__all__ = ['DEMO_PROMPTS', 'COMMANDS', 'tiny', 'generate', 'demo', 'parse_rewards', 'train', 'plan', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def tiny(
@@ -67,7 +67,183 @@ def generate(
     return 0
 
 # %% ../nbs/08_cli.ipynb #79cbe687
-COMMANDS = {"tiny": tiny, "generate": generate}
+DEMO_PROMPTS = ["a blue square on a white background", "a green circle on a gray background", "a gradient from navy to teal",
+                "the word 'OK' in white on blue", "green on the left, black on the right", "a cyan field"]
+
+def _report(history, first, last, path):
+    "report.png: reward curve, and the best and worst image of the first prompt's group at the first and last step."
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    fig = plt.figure(figsize=(11, 3.4))
+    ax = fig.add_axes([0.06, 0.15, 0.38, 0.72])
+    steps = [h["step"] for h in history if "reward_mean" in h]
+    mean = [h["reward_mean"] for h in history if "reward_mean" in h]
+    std = [h.get("reward_std", 0.0) for h in history if "reward_mean" in h]
+    ax.plot(steps, mean, marker="o", ms=3)
+    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    ax.set_xlabel("step"); ax.set_ylabel("reward (redness)"); ax.set_title("reward mean ± std")
+    for col, (res, label) in enumerate(((first, "first step"), (last, "last step"))):
+        G = res.group_size
+        r = res.rewards[:G]
+        for row, (i, tag) in enumerate(((int(r.argmax()), "best"), (int(r.argmin()), "worst"))):
+            a = fig.add_axes([0.5 + col * 0.25, 0.52 - row * 0.45, 0.2, 0.38])
+            a.imshow(res.images[i]); a.set_xticks([]); a.set_yticks([])
+            a.set_title(f"{label}, {tag}: {float(r[i]):.2f}", fontsize=8)
+    fig.suptitle(f"GRPO on the tiny GLM-Image — {first.prompts[0]!r}", fontsize=9)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+def demo(
+    out: str = "runs/demo",  # output folder
+    steps: int = 20,          # GRPO steps
+    group_size: int = 4,      # samples per prompt
+    prompts_per_step: int = 3,  # prompts per step
+    lr: float = 3e-3,         # learning rate of both adapters (the tiny model needs large steps)
+    seed: int = 0,            # everything random derives from it
+):
+    "Train the tiny GLM-Image towards red images with joint AR + DiT GRPO on CPU; write adapters, metrics and report.png."
+    import torch
+    from glm_grpo_nb.rewards import RednessReward
+    from glm_grpo_nb.tiny import make_tiny_glm_image
+    from glm_grpo_nb.trainer import GRPOTrainer
+    from glm_grpo_nb.wrapper import GlmImagePolicy
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "metrics.jsonl").exists(): (out / "metrics.jsonl").unlink()
+    model = make_tiny_glm_image(out / "model")
+    policy = GlmImagePolicy.from_pretrained(model, ar_lora=8, dit_lora=8, device="cpu", lora_seed=seed, verbose=False)
+    trainer = GRPOTrainer(policy, RednessReward(), DEMO_PROMPTS, group_size=group_size, prompts_per_step=prompts_per_step,
+                          height=64, width=64, num_steps=6, sde_window=(0, 3), lr=lr, seed=seed, output_dir=out,
+                          keep_results=1)
+    first = trainer.step()
+    trainer.fit(steps - 1, log_every=5)
+    last = trainer.results[-1]
+    policy.save_adapters(out / "adapters")
+    _report(trainer.history, first, last, out / "report.png")
+    rewards = [h["reward_mean"] for h in trainer.history]
+    k = max(1, len(rewards) // 4)
+    print(f"reward (redness) {sum(rewards[:k]) / k:.3f} over the first {k} steps -> {sum(rewards[-k:]) / k:.3f} over the last {k}")
+    print(f"wrote {out / 'adapters'}, {out / 'metrics.jsonl'}, {out / 'report.png'}")
+    return 0
+
+# %% ../nbs/08_cli.ipynb #3aa3df8b
+def parse_rewards(spec: str, models: str = "") -> dict:
+    "'ssim=1,clip=0.5' (and 'clip=PATH' models) -> {reward: weight} for `combine`."
+    from glm_grpo_nb.rewards import REWARDS, load_reward
+    model_of = {}
+    for part in filter(None, (p.strip() for p in models.split(","))):
+        name, _, path = part.partition("=")
+        if not path: raise ValueError(f"--reward-models: {part!r} should be NAME=PATH.")
+        model_of[name] = path
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, w = part.partition("=")
+        if name not in REWARDS: raise ValueError(f"--reward: unknown reward {name!r}; choose from {', '.join(sorted(REWARDS))}.")
+        try: weight = float(w) if w else 1.0
+        except ValueError: raise ValueError(f"--reward: the weight in {part!r} is not a number.")
+        out[load_reward(name, **({"model": model_of[name]} if name in model_of else {}))] = weight
+    if not out: raise ValueError("--reward: pass at least one reward, e.g. --reward ssim=1.")
+    return out
+
+def _dataset_rows(prompts, targets, sources):
+    from glm_grpo_nb.data import PromptDataset, _folder_images
+    if not targets and not sources: return prompts
+    p = Path(prompts)
+    if p.suffix != ".txt": raise ValueError("--targets/--sources go with a .txt prompts file; a .jsonl/.csv file names its images itself.")
+    if not p.exists(): raise ValueError(f"--prompts: {p} does not exist.")
+    lines = [l.strip() for l in p.read_text(encoding="utf-8").splitlines()]
+    t = _folder_images(Path(targets)) if targets else {}
+    s = _folder_images(Path(sources)) if sources else {}
+    rows = []
+    for i, line in enumerate(lines):
+        row = {"prompt": line}
+        if targets: row["target"] = str(t[i][0]) if i in t else f"<missing {targets}/{i}.*>"
+        if sources: row["source"] = [str(x) for x in s[i]] if i in s else f"<missing {sources}/{i}.*>"
+        rows.append(row)
+    return rows
+
+def train(
+    model: str = None,         # GLM-Image folder or hub id (required)
+    prompts: str = None,       # prompts file (.txt/.jsonl/.csv) or folder (required)
+    reward: str = None,        # rewards, NAME[=WEIGHT] separated by commas (required)
+    reward_models: str = "",   # models of model-based rewards, NAME=PATH separated by commas
+    targets: str = None,       # folder of target images named by prompt line (0.png, 1.png, ...)
+    sources: str = None,       # folder of source images named by prompt line (i2i)
+    out: str = "runs/train",   # output folder: metrics.jsonl, checkpoints, adapters
+    steps: int = 100,          # GRPO steps
+    group_size: int = 4,       # samples per prompt
+    prompts_per_step: int = 2, # prompts per step (per process)
+    height: int = None,        # image height (default: the targets' size, else 1024)
+    width: int = None,         # image width
+    num_steps: int = 10,       # denoising steps while training
+    noise_level: float = 0.7,  # SDE noise level
+    mode: str = "joint",       # joint or decoupled
+    train_ar: bool = True,     # update the AR adapters
+    train_dit: bool = True,    # update the DiT adapters
+    ar_lora: int = 16,         # AR LoRA rank
+    dit_lora: int = 16,        # DiT LoRA rank
+    load_in_4bit: bool = False,  # NF4 base weights (QLoRA)
+    lr: float = 1e-4,          # learning rate
+    kl_coef: float = 0.0,      # KL to the reference policy
+    micro_batch_size: int = None,  # samples per forward/backward
+    save_every: int = 50,      # checkpoint every n steps
+    resize: bool = False,      # resize targets/sources to height x width instead of refusing other sizes
+    seed: int = 0,             # seed
+    device: str = None,        # torch device (default: CUDA if available)
+):
+    "GRPO-train a GLM-Image model's adapters on your prompts and rewards; resumes from `out` if it holds checkpoints."
+    from glm_grpo_nb.data import PromptDataset
+    from glm_grpo_nb.rewards import combine
+    from glm_grpo_nb.trainer import GRPOTrainer, _checkpoints
+    from glm_grpo_nb.wrapper import GlmImagePolicy
+    for name, v in (("--model", model), ("--prompts", prompts), ("--reward", reward)):
+        if not v: raise ValueError(f"train: {name} is required.")
+    reward_fn = combine(parse_rewards(reward, reward_models))
+    size = (width, height) if resize and width and height else bool(resize)
+    dataset = PromptDataset(_dataset_rows(prompts, targets, sources), resize=size)
+    policy = GlmImagePolicy.from_pretrained(_check_model_dir(model), load_in_4bit=load_in_4bit,
+                                            ar_lora=ar_lora if train_ar else None, dit_lora=dit_lora if train_dit else None,
+                                            device=device, lora_seed=seed)
+    kw = dict(group_size=group_size, prompts_per_step=prompts_per_step, height=height, width=width, num_steps=num_steps,
+              noise_level=noise_level, mode=mode, train_ar=train_ar, train_dit=train_dit, lr=lr, kl_coef=kl_coef,
+              micro_batch_size=micro_batch_size, save_every=save_every, seed=seed)
+    if _checkpoints(Path(out) / "checkpoints"):
+        trainer = GRPOTrainer.resume(out, policy, reward_fn, dataset, output_dir=out)
+        print(f"resumed from step {trainer.step_count}")
+    else:
+        trainer = GRPOTrainer(policy, reward_fn, dataset, output_dir=out, **kw)
+    trainer.fit(max(0, steps - trainer.step_count))
+    trainer.save()
+    policy.save_adapters(Path(out) / "adapters")
+    print(f"wrote {Path(out) / 'adapters'} and {Path(out) / 'metrics.jsonl'}")
+    return 0
+
+# %% ../nbs/08_cli.ipynb #b7d04658
+def plan(
+    height: int = 1024,        # image height
+    width: int = 1024,         # image width
+    group_size: int = 4,       # samples per prompt
+    prompts_per_step: int = 2, # prompts per step per GPU
+    load_in_4bit: bool = True, # NF4 base weights
+    lora_rank: int = 16,       # LoRA rank
+    train: str = "both",       # ar, dit or both
+    no_gradient_checkpointing: bool = False,  # keep all activations (faster, much more memory)
+    micro_batch_size: int = 1, # samples per forward/backward
+    guidance_scale: float = 1.5,  # DiT guidance (<= 1: one branch)
+    reward_model_params: int = 0,  # parameters of reward models on the GPU
+    budget_gb: float = 80.0,   # GPU memory in GB
+):
+    "Predict the peak GPU memory of GRPO on the real GLM-Image, and what to change if it does not fit."
+    from glm_grpo_nb.memory import plan as make_plan
+    print(make_plan(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step,
+                    load_in_4bit=load_in_4bit, lora_rank=lora_rank, train=train,
+                    gradient_checkpointing=not no_gradient_checkpointing, micro_batch_size=micro_batch_size,
+                    guidance_scale=guidance_scale, reward_model_params=reward_model_params, budget_gb=budget_gb))
+    return 0
+
+# %% ../nbs/08_cli.ipynb #6970f665
+COMMANDS = {"demo": demo, "train": train, "plan": plan, "tiny": tiny, "generate": generate}
 
 def _usage():
     lines = [f"glm-grpo {__version__}: GRPO fine-tuning for GLM-Image", "", "usage: glm-grpo COMMAND [options]", "", "commands:"]

@@ -5,6 +5,7 @@
 # %% ../nbs/05_trainer.ipynb #072a3a96
 from __future__ import annotations
 
+import collections
 import json
 import math
 import random
@@ -94,6 +95,15 @@ class StepResult:
         return (f"StepResult(step={self.step}, {len(self.images)} images in groups of {self.group_size}, "
                 f"reward {m.get('reward_mean', float('nan')):.4f}, skipped={self.skipped})")
 
+    def show(self, sort: bool = False, size: int = 128):
+        "The groups as a widget: images with their rewards, components and advantages (see glm_grpo_nb.widgets)."
+        from glm_grpo_nb.widgets import show_group
+        return show_group(self, sort=sort, size=size)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+        display(self.show())
+
 # %% ../nbs/05_trainer.ipynb #becb5b34
 def _as_dataset(data):
     if isinstance(data, PromptDataset): return data
@@ -103,7 +113,7 @@ _CONFIG_KEYS = ("group_size", "prompts_per_step", "height", "width", "num_steps"
                 "guidance_scale", "train_ar", "train_dit", "mode", "lr", "ar_lr", "dit_lr", "clip_range", "clip_range_high",
                 "kl_coef", "num_inner_epochs", "micro_batch_size", "max_grad_norm", "optimizer", "weight_decay",
                 "advantage_scale", "aggregation", "temperature", "top_k", "top_p", "eval_every", "save_every",
-                "keep_checkpoints", "seed", "max_consecutive_skips")
+                "keep_checkpoints", "seed", "max_consecutive_skips", "keep_results")
 
 class GRPOTrainer:
     "Step-through GRPO for GLM-Image's AR model and/or DiT decoder."
@@ -149,6 +159,7 @@ class GRPOTrainer:
         seed: int = 0,               # everything random derives from (seed, step)
         output_dir: str | Path | None = None,  # metrics.jsonl and checkpoints
         max_consecutive_skips: int = 3,  # skipped (non-finite) updates in a row before giving up
+        keep_results: int = 8,       # last step results kept in `results` (images included) for show_history
         log_with=None,               # accelerate trackers, e.g. "tensorboard" or "wandb"
         accelerator=None,            # an accelerate.Accelerator; default: a new one
     ):
@@ -177,6 +188,7 @@ class GRPOTrainer:
             import bitsandbytes as bnb
             self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=weight_decay)
         self.step_count, self.history, self.consecutive_skips, self.skipped_total = 0, [], 0, 0
+        self.results = collections.deque(maxlen=keep_results)
         if log_with: self.accelerator.init_trackers("glm_grpo_nb", config={k: v for k, v in cfg.items() if isinstance(v, (int, float, str, bool))})
 
     def _default_size(self):
@@ -404,6 +416,7 @@ def step(self: GRPOTrainer) -> StepResult:
                      dit_images=s.dit_images, dit_rewards=None if s.dit_reward is None else s.dit_reward.total,
                      dit_advantages=None if s.dit_reward is None else dit_adv)
     self._log(res)
+    self.results.append(res)
     self.step_count += 1
     return res
 GRPOTrainer.step = step
@@ -437,16 +450,26 @@ def _log(self: GRPOTrainer, res: StepResult):
 GRPOTrainer._log = _log
 
 # %% ../nbs/05_trainer.ipynb #5e6580e1
-def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True) -> list[dict]:
+def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True, live: bool | None = None,
+        log_every: int = 10) -> list[dict]:
     "Run `num_steps` GRPO steps; returns their metrics. `callback(trainer, step_result)` runs after each step."
+    from glm_grpo_nb.widgets import LivePlot, in_notebook
     if num_steps < 0: raise ValueError(f"fit: num_steps must be >= 0, got {num_steps}.")
-    start = len(self.history)
-    bar = tqdm(range(num_steps), desc="GRPO", disable=not (progress and self.accelerator.is_main_process))
-    for _ in bar:
+    start, main = len(self.history), self.accelerator.is_main_process
+    show = progress and main
+    notebook = in_notebook()
+    plot = LivePlot() if show and (live if live is not None else notebook) else None
+    bar = tqdm(range(num_steps), desc="GRPO", disable=not show)
+    for i in bar:
         res = self.step()
         m = res.metrics
-        bar.set_postfix(reward=f"{m.get('reward_mean', float('nan')):.4f}",
-                        kl=f"{m.get('ar/approx_kl', 0.0) + m.get('dit/approx_kl', 0.0):.2e}")
+        kl = m.get('ar/approx_kl', 0.0) + m.get('dit/approx_kl', 0.0)
+        bar.set_postfix(reward=f"{m.get('reward_mean', float('nan')):.4f}", kl=f"{kl:.2e}")
+        if plot is not None: plot(self, res)
+        elif show and not notebook and log_every and (i + 1) % log_every == 0:
+            tqdm.write(f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}, "
+                       f"approx KL {kl:.2e}, clip {m.get('ar/clip_fraction', 0.0) + m.get('dit/clip_fraction', 0.0):.3f}, "
+                       f"{sum(res.seconds.values()):.2f} s")
         if self.eval_every and self.eval_dataset is not None and self.step_count % self.eval_every == 0:
             ev = self.evaluate()
             self.history[-1].update({f"eval/{k}": v for k, v in ev.items()})
