@@ -294,6 +294,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'glm_grpo_nb.wrapper._prefix_keys': ('wrapper.html#_prefix_keys', 'glm_grpo_nb/wrapper.py'),
                                      'glm_grpo_nb.wrapper._repeat_groups': ('wrapper.html#_repeat_groups', 'glm_grpo_nb/wrapper.py'),
                                      'glm_grpo_nb.wrapper._window': ('wrapper.html#_window', 'glm_grpo_nb/wrapper.py'),
+                                     'glm_grpo_nb.wrapper.apply_adapters': ('wrapper.html#apply_adapters', 'glm_grpo_nb/wrapper.py'),
                                      'glm_grpo_nb.wrapper.gaussian_logprob': ('wrapper.html#gaussian_logprob', 'glm_grpo_nb/wrapper.py'),
                                      'glm_grpo_nb.wrapper.quantize_dit_4bit': ('wrapper.html#quantize_dit_4bit', 'glm_grpo_nb/wrapper.py'),
                                      'glm_grpo_nb.wrapper.sampling_logits': ('wrapper.html#sampling_logits', 'glm_grpo_nb/wrapper.py'),

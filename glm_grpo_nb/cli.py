@@ -76,7 +76,7 @@ def _report(history, first, last, path):
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     fig = plt.figure(figsize=(11, 3.4))
-    ax = fig.add_axes([0.06, 0.15, 0.38, 0.72])
+    ax = fig.add_axes([0.08, 0.15, 0.36, 0.72])
     steps = [h["step"] for h in history if "reward_mean" in h]
     mean = [h["reward_mean"] for h in history if "reward_mean" in h]
     std = [h.get("reward_std", 0.0) for h in history if "reward_mean" in h]

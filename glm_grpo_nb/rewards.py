@@ -101,10 +101,11 @@ def call_reward(reward, images, prompts, targets=None, sources=None):
     info = {f"{name}/{k}": validate_scores(f"{name}.{k}", v, len(images)) for k, v in getattr(reward, "last_info", {}).items()}
     return scores, seconds, info
 
-def evaluate_reward(reward, images, prompts, targets=None, sources=None, group_size: int | None = None) -> RewardOutput:
+def evaluate_reward(reward, images, prompts, targets=None, sources=None, group_size: int | None = None,
+                    normalize: bool | None = None) -> RewardOutput:
     "The one entry point for scoring: a single reward or a `combine`d one, checked and timed."
     _check_inputs(images, prompts, targets, sources)
-    if hasattr(reward, "evaluate"): return reward.evaluate(images, prompts, targets, sources, group_size)  # combined rewards
+    if hasattr(reward, "evaluate"): return reward.evaluate(images, prompts, targets, sources, group_size, normalize)  # combined
     scores, seconds, info = call_reward(reward, images, prompts, targets, sources)
     name = reward_name(reward)
     return RewardOutput(total=scores, components={name: scores}, seconds={name: seconds}, info=info)
@@ -408,16 +409,18 @@ class CombinedReward(Reward):
             if hasattr(r, "to"): r.to(device, dtype)
         return self
 
-    def evaluate(self, images, prompts, targets=None, sources=None, group_size=None) -> RewardOutput:
+    def evaluate(self, images, prompts, targets=None, sources=None, group_size=None, normalize=None) -> RewardOutput:
+        "Score and report every component; `normalize` overrides the constructor's (False: plain weighted sum)."
         _check_inputs(images, prompts, targets, sources)
-        if self.normalize and not group_size:
+        normalize = self.normalize if normalize is None else normalize
+        if normalize and not group_size:
             raise ValueError("combine(normalize=True) z-scores each component inside its group; pass group_size.")
         total, comps, secs, info = torch.zeros(len(images)), {}, {}, {}
         for name, r, w in self.parts:
             s, sec, inf = call_reward(r, images, prompts, targets, sources)
             comps[name], secs[name] = s, sec
             info.update(inf)
-            total += w * (group_advantages(s, group_size)[0] if self.normalize else s)
+            total += w * (group_advantages(s, group_size)[0] if normalize else s)
         return RewardOutput(total=total, components=comps, seconds=secs, info=info)
 
     def score(self, images, prompts, targets=None, sources=None):

@@ -480,7 +480,7 @@ def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True,
 GRPOTrainer.fit = fit
 
 def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, float]:
-    "Mean reward per component on `prompts` (default: eval_prompts) with fixed seeds and ODE sampling."
+    "Mean reward per component on `prompts` (default: eval_prompts), fixed seeds, ODE sampling, one image per prompt."
     data = _as_dataset(prompts) if prompts is not None else self.eval_dataset
     if data is None: raise ValueError("evaluate: no prompts; pass eval_prompts= to the trainer or prompts= here.")
     rows = [data[i] for i in range(len(data))]
@@ -491,7 +491,7 @@ def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, fl
         roll = self.policy.sample_tokens(ps, 1, self.height, self.width, images=sources, temperature=self.temperature,
                                          top_k=self.top_k, top_p=self.top_p, seed=seed)
         traj = self.policy.sample_latents(roll, num_steps=self.num_steps, noise_level=0.0, guidance_scale=self.guidance_scale, seed=seed)
-        out = evaluate_reward(self.reward_fn, self.policy.decode(traj), ps, targets, sources)
+        out = evaluate_reward(self.reward_fn, self.policy.decode(traj), ps, targets, sources, normalize=False)
     res = {"reward": out.total.mean().item(), **{k: v.mean().item() for k, v in out.components.items()}}
     return res
 GRPOTrainer.evaluate = evaluate

@@ -34,7 +34,7 @@ from .tiny import COMPONENTS
 
 # %% auto #0
 __all__ = ['AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'DIT_LORA_TARGETS_FF', 'quantize_dit_4bit', 'GlmImagePolicy', 'sampling_logits',
-           'TokenRollout', 'sde_step', 'gaussian_logprob', 'LatentTrajectory']
+           'TokenRollout', 'sde_step', 'gaussian_logprob', 'LatentTrajectory', 'apply_adapters']
 
 # %% ../nbs/02_wrapper.ipynb #d8758c82
 AR_LORA_TARGETS = r"model\.language_model\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_up_proj|down_proj))"
@@ -813,3 +813,15 @@ def latent_logprobs(
         self.transformer.train(was_training)
     lp = torch.cat(out, 0)
     return (lp, torch.cat(means, 0)) if return_means else lp
+
+# %% ../nbs/02_wrapper.ipynb #3dddf7a8
+def apply_adapters(pipe: GlmImagePipeline, directory: str | Path) -> GlmImagePipeline:
+    "Load adapters written by `GlmImagePolicy.save_adapters` into a stock GlmImagePipeline (in place)."
+    directory = Path(directory)
+    if not (directory / "ar").is_dir() and not (directory / "dit").is_dir():
+        raise ValueError(f"apply_adapters: {directory} holds neither ar/ nor dit/; pass a folder written by save_adapters.")
+    if (directory / "ar").is_dir():
+        pipe.vision_language_encoder = PeftModel.from_pretrained(pipe.vision_language_encoder, directory / "ar").merge_and_unload()
+    if (directory / "dit").is_dir():
+        pipe.transformer.load_lora_adapter(directory / "dit", weight_name="pytorch_lora_weights.safetensors")
+    return pipe

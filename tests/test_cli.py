@@ -38,3 +38,15 @@ def test_bad_input_is_a_clear_error(glm_grpo, tiny_path, tmp_path):
     assert r.returncode == 2 and "model_index.json" in r.stderr
     r = run(glm_grpo, "frobnicate")
     assert r.returncode == 2 and "unknown command" in r.stderr
+
+
+def test_demo_reward_rises(glm_grpo, tmp_path):
+    import json
+    r = run(glm_grpo, "demo", "--out", str(tmp_path / "demo"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "demo"
+    assert (out / "adapters" / "ar").is_dir() and (out / "adapters" / "dit").is_dir()
+    assert Image.open(out / "report.png").size[0] > 500
+    rewards = [json.loads(l)["reward_mean"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rewards) == 20
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.1, rewards
