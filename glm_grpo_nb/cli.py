@@ -103,7 +103,6 @@ def demo(
     seed: int = 0,            # everything random derives from it
 ):
     "Train the tiny GLM-Image towards red images with joint AR + DiT GRPO on CPU; write adapters, metrics and report.png."
-    import torch
     from glm_grpo_nb.rewards import RednessReward
     from glm_grpo_nb.tiny import make_tiny_glm_image
     from glm_grpo_nb.trainer import GRPOTrainer
@@ -147,7 +146,7 @@ def parse_rewards(spec: str, models: str = "") -> dict:
     return out
 
 def _dataset_rows(prompts, targets, sources):
-    from glm_grpo_nb.data import PromptDataset, _folder_images
+    from glm_grpo_nb.data import _folder_images
     if not targets and not sources: return prompts
     p = Path(prompts)
     if p.suffix != ".txt": raise ValueError("--targets/--sources go with a .txt prompts file; a .jsonl/.csv file names its images itself.")

@@ -270,6 +270,12 @@ class _ModelReward(Reward):
         self.model.to(device=device, dtype=dtype)
         return self
 
+    def _pixel_batches(self, images):
+        "Pixel values of `images` in batches of `batch_size`, on the reward's device and dtype."
+        for i in range(0, len(images), self.batch_size):
+            pv = self.processor(images=[im.convert("RGB") for im in images[i:i + self.batch_size]], return_tensors="pt").pixel_values
+            yield pv.to(self.device, self.dtype)
+
 class CLIPScoreReward(_ModelReward):
     "Cosine similarity of CLIP image and prompt embeddings (times the logit scale if `logit_scale=True`)."
     name = "clip"
@@ -283,10 +289,7 @@ class CLIPScoreReward(_ModelReward):
 
     @torch.no_grad()
     def image_embeds(self, images):
-        out = []
-        for i in range(0, len(images), self.batch_size):
-            pv = self.processor(images=[im.convert("RGB") for im in images[i:i + self.batch_size]], return_tensors="pt").pixel_values
-            out.append(_features(self.model.get_image_features(pixel_values=pv.to(self.device, self.dtype))).float())
+        out = [_features(self.model.get_image_features(pixel_values=pv)).float() for pv in self._pixel_batches(images)]
         return F.normalize(torch.cat(out), dim=-1)
 
     @torch.no_grad()
@@ -363,9 +366,7 @@ class PerceptualReward(_ModelReward):
     @torch.no_grad()
     def features(self, images):
         out = []
-        for i in range(0, len(images), self.batch_size):
-            pv = self.processor(images=[im.convert("RGB") for im in images[i:i + self.batch_size]], return_tensors="pt").pixel_values
-            pv = pv.to(self.device, self.dtype)
+        for pv in self._pixel_batches(images):
             if hasattr(self.model, "get_image_features"): f = _features(self.model.get_image_features(pixel_values=pv))
             else:
                 o = self.model(pixel_values=pv)

@@ -5,6 +5,7 @@
 # %% ../nbs/01_tiny.ipynb #76bcd0a9
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -22,8 +23,8 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTr
 
 # %% auto #0
 __all__ = ['TINY_WEIGHTS_SHA256', 'MODEL_INDEX', 'COMPONENTS', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'file_sha256',
-           'make_tiny_glm_image', 'folder_digest', 'make_tiny_clip', 'make_tiny_ocr', 'color_rgb', 'palette_codes',
-           'codes_image', 'synthetic_scene']
+           'atomic_folder', 'make_tiny_glm_image', 'folder_digest', 'make_tiny_clip', 'make_tiny_ocr', 'color_rgb',
+           'palette_codes', 'codes_image', 'synthetic_scene']
 
 # %% ../nbs/01_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -136,6 +137,26 @@ MODEL_INDEX = {
 COMPONENTS = [k for k in MODEL_INDEX if not k.startswith("_")]
 
 # %% ../nbs/01_tiny.ipynb #38ecb6e9
+@contextlib.contextmanager
+def atomic_folder(path: str | Path):
+    "Yield a temporary sibling of `path` to write into; on success it takes `path`'s place, on failure it is removed."
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield tmp
+        old = None
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            path.rename(old)
+        tmp.rename(path)
+        if old is not None: shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+# %% ../nbs/01_tiny.ipynb #37c60cf2
 def make_tiny_glm_image(
     path: str | Path,           # folder to write (created; an existing tiny model there is replaced)
     seed: int = 0,              # seeds every weight: same seed, byte-identical files
@@ -149,23 +170,16 @@ def make_tiny_glm_image(
     if path.exists() and (not path.is_dir() or (any(path.iterdir()) and not (path / "model_index.json").exists())):
         raise ValueError(f"make_tiny_glm_image: {path} exists and is not a GLM-Image folder; "
                          "pass an empty or new folder so nothing of yours is overwritten.")
-    path.parent.mkdir(parents=True, exist_ok=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         parts = _tiny_components(codebook_size, full_head)
     if pretrained: _load_pretrained(parts, codebook_size, full_head)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with atomic_folder(path) as tmp:
         for name, part in parts.items(): part.save_pretrained(tmp / name)
         (tmp / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=2) + "\n")
-        if path.exists(): shutil.rmtree(path)
-        tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
 
-# %% ../nbs/01_tiny.ipynb #93ee3739
+# %% ../nbs/01_tiny.ipynb #92f682c5
 def folder_digest(path: str | Path) -> str:
     "sha256 over every file's relative path and bytes in `path` (weights, configs, tokenizers)."
     path, h = Path(path), hashlib.sha256()
@@ -173,7 +187,7 @@ def folder_digest(path: str | Path) -> str:
         h.update(str(f.relative_to(path)).encode()); h.update(f.read_bytes())
     return h.hexdigest()
 
-# %% ../nbs/01_tiny.ipynb #0a32ca26
+# %% ../nbs/01_tiny.ipynb #c421f905
 def _char_tokenizer(max_length=64):
     specials = ["<pad>", "<s>", "</s>", "<unk>"]
     vocab = {t: i for i, t in enumerate(specials + [chr(i) for i in range(32, 127)])}
@@ -186,15 +200,8 @@ def _save_atomically(path, parts):
     path = Path(path).expanduser()
     if path.exists() and any(path.iterdir()) and not (path / "config.json").exists():
         raise ValueError(f"{path} exists and is not a model folder; pass an empty or new folder.")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with atomic_folder(path) as tmp:
         for p in parts: p.save_pretrained(tmp)
-        if path.exists(): shutil.rmtree(path)
-        tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
 
 def make_tiny_clip(path: str | Path, seed: int = 0) -> Path:
@@ -232,7 +239,7 @@ def make_tiny_ocr(path: str | Path, seed: int = 0) -> Path:
     proc = TrOCRProcessor(image_processor=ViTImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tok)
     return _save_atomically(path, [model, proc])
 
-# %% ../nbs/01_tiny.ipynb #00586b8d
+# %% ../nbs/01_tiny.ipynb #99cce612
 LEVELS = np.array([0, 85, 170, 255])
 PALETTE = np.array([[r, g, b] for r in LEVELS for g in LEVELS for b in LEVELS], dtype=np.float32)  # [64, 3], code k = 16r+4g+b
 COLOR_NAMES = {"black": (0, 0, 0), "white": (3, 3, 3), "gray": (2, 2, 2), "red": (3, 0, 0), "green": (0, 3, 0),
@@ -255,7 +262,7 @@ def codes_image(codes: np.ndarray, size: tuple[int, int]) -> Image.Image:
     "Paint a code grid as palette colours at `size` (width, height): what the tokens 'mean'."
     return Image.fromarray(PALETTE[codes].astype(np.uint8)).resize(size, Image.Resampling.NEAREST)
 
-# %% ../nbs/01_tiny.ipynb #99cce612
+# %% ../nbs/01_tiny.ipynb #742ddf95
 def synthetic_scene(rng: np.random.Generator, width: int = 64, height: int = 64) -> tuple[Image.Image, str]:
     "One random synthetic image and its caption."
     names = list(COLOR_NAMES)

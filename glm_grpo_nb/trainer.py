@@ -10,7 +10,6 @@ import json
 import math
 import random
 import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from tqdm.auto import tqdm
 from .data import PromptDataset
 from .loss import aggregate, clipped_surrogate, gaussian_kl, group_advantages, kl_k3
 from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward
+from .tiny import atomic_folder
 from .wrapper import GlmImagePolicy, LatentTrajectory, TokenRollout, _window
 
 # %% auto #0
@@ -510,9 +510,7 @@ def save(self: GRPOTrainer, directory: str | Path | None = None) -> Path | None:
         directory = self.output_dir / "checkpoints" / f"step-{self.step_count:06d}"
     directory = Path(directory)
     if acc.is_main_process:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-        try:
+        with atomic_folder(directory) as tmp:
             self.policy.save_adapters(tmp / "adapters")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             state = {"step": self.step_count, "history": self.history, "consecutive_skips": self.consecutive_skips,
@@ -521,11 +519,6 @@ def save(self: GRPOTrainer, directory: str | Path | None = None) -> Path | None:
                              "python_pos": random.getstate()[2], "numpy": np.random.get_state()[1].tolist(),
                              "numpy_pos": int(np.random.get_state()[2])}}
             (tmp / "trainer_state.json").write_text(json.dumps(state))
-            if directory.exists(): shutil.rmtree(directory)
-            tmp.rename(directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         if self.output_dir is not None and directory.parent == self.output_dir / "checkpoints":
             for old in _checkpoints(directory.parent)[:-self.keep_checkpoints]: shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()

@@ -9,9 +9,7 @@ import contextlib
 import dataclasses
 import json
 import math
-import shutil
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import bitsandbytes as bnb
@@ -30,7 +28,7 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePi
 from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache
 from diffusers.pipelines.glm_image.pipeline_glm_image import calculate_shift, retrieve_timesteps
 
-from .tiny import COMPONENTS
+from .tiny import COMPONENTS, atomic_folder
 
 # %% auto #0
 __all__ = ['AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'DIT_LORA_TARGETS_FF', 'quantize_dit_4bit', 'GlmImagePolicy', 'sampling_logits',
@@ -464,7 +462,7 @@ def token_logprobs(
     micro_batch_size: int | None = None,  # samples per forward (None: all at once)
 ) -> torch.Tensor:                          # [N, T] log-probs, with grad through the LoRA adapters; 0 where masked
     "Teacher-forced log-probs of the rollout's tokens under the current policy and the rollout's sampling settings."
-    N, L, T = rollout.num_samples, rollout.prompt_len, rollout.completion.shape[1]
+    N, T = rollout.num_samples, rollout.completion.shape[1]
     mb = N if micro_batch_size is None else micro_batch_size
     if mb < 1: raise ValueError(f"token_logprobs: micro_batch_size must be >= 1, got {micro_batch_size}.")
     if rollout.sequences.max() >= self.ar.config.text_config.vocab_size:
@@ -517,23 +515,11 @@ def save_adapters(self: GlmImagePolicy, directory: str | Path) -> Path:
     directory = Path(directory)
     if self.ar_peft is None and not self.has_dit_lora:
         raise ValueError("save_adapters: this policy has no adapters; load it with ar_lora= or dit_lora=.")
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
+    with atomic_folder(directory) as tmp:
         if self.ar_peft is not None: self.ar_peft.save_pretrained(tmp / "ar")
         if self.has_dit_lora:
             self.transformer.save_lora_adapter(tmp / "dit")
             _prefix_keys(tmp / "dit" / "pytorch_lora_weights.safetensors", "transformer.")
-        old = None
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            directory.rename(old)
-        tmp.rename(directory)
-        if old is not None: shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return directory
 
 @patch
