@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from fastcore.basics import patch
 from PIL import Image
 from tqdm.auto import tqdm
 
@@ -27,7 +28,7 @@ from .tiny import atomic_folder
 from .wrapper import GlmImagePolicy, LatentTrajectory, TokenRollout, _window
 
 # %% auto #0
-__all__ = ['Sample', 'StepResult', 'GRPOTrainer', 'sample', 'update', 'step', 'fit', 'evaluate', 'save', 'resume']
+__all__ = ['Sample', 'StepResult', 'GRPOTrainer']
 
 # %% ../nbs/05_trainer.ipynb #edebe9e3
 @dataclass
@@ -224,32 +225,33 @@ class GRPOTrainer:
 def _order(n, seed, epoch):
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
 
+@patch
 def _batch_indices(self: GRPOTrainer, step: int) -> list[int]:
     acc, n = self.accelerator, len(self.dataset)
     P = self.prompts_per_step
     start = step * P * acc.num_processes + acc.process_index * P
     return [_order(n, self.seed, (start + i) // n)[(start + i) % n] for i in range(P)]
-GRPOTrainer._batch_indices = _batch_indices
 
+@patch
 def _step_seed(self: GRPOTrainer, step: int, salt: int = 0) -> int:
     return (self.seed * 1_000_003 + step * 7919 + self.accelerator.process_index * 104_729 + salt) % (2 ** 31)
-GRPOTrainer._step_seed = _step_seed
 
 # %% ../nbs/05_trainer.ipynb #1021385a
+@patch
 def _rows_data(self: GRPOTrainer, idx):
     rows = [self.dataset[i] for i in idx]
     prompts = [r["prompt"] for r in rows]
     targets = [r["target"] for r in rows] if self.dataset.has_targets else None
     sources = [r["sources"] for r in rows] if self.dataset.has_sources else None
     return prompts, targets, sources
-GRPOTrainer._rows_data = _rows_data
 
+@patch
 def _score(self: GRPOTrainer, reward_fn, images, prompts, targets, sources) -> RewardOutput:
     G = self.group_size
     rep = lambda xs: None if xs is None else [x for x in xs for _ in range(G)]
     return evaluate_reward(reward_fn, images, rep(prompts), rep(targets), rep(sources), group_size=G)
-GRPOTrainer._score = _score
 
+@patch
 def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | None = None, seed: int | None = None) -> Sample:
     "Sample, decode and score `group_size` images per prompt (no gradients); seeds derive from `step` unless `seed` is given."
     step = self.step_count if step is None else step
@@ -283,9 +285,9 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
     dit_reward = self._score(self.dit_reward_fn or self.reward_fn, dit_images, prompts, targets, sources)
     sec["reward"] = time.perf_counter() - t
     return Sample(rep(prompts), rep(targets), rep(sources), G, roll, traj, images, reward, dit_images, dit_reward, seconds=sec)
-GRPOTrainer.sample = sample
 
 # %% ../nbs/05_trainer.ipynb #809cff2d
+@patch
 def _global_advantages(self: GRPOTrainer, rewards: torch.Tensor):
     acc = self.accelerator
     local = rewards.to(acc.device)
@@ -293,28 +295,28 @@ def _global_advantages(self: GRPOTrainer, rewards: torch.Tensor):
     adv, stats = group_advantages(full, self.group_size, scale=self.advantage_scale)
     n = rewards.shape[0]
     return adv[acc.process_index * n:(acc.process_index + 1) * n], stats, full
-GRPOTrainer._global_advantages = _global_advantages
 
+@patch
 def _reduce_grads(self: GRPOTrainer, params):
     acc = self.accelerator
     if acc.num_processes == 1: return
     for p in params:
         if p.grad is None: p.grad = torch.zeros_like(p)
         p.grad = acc.reduce(p.grad, reduction="mean")
-GRPOTrainer._reduce_grads = _reduce_grads
 
+@patch
 def _everywhere(self: GRPOTrainer, ok: bool) -> bool:
     "True only if `ok` holds on every process (so all processes skip or step together)."
     acc = self.accelerator
     if acc.num_processes == 1: return bool(ok)
     return bool(acc.reduce(torch.tensor([float(ok)], device=acc.device), reduction="sum").item() == acc.num_processes)
-GRPOTrainer._everywhere = _everywhere
 
+@patch
 def _micro_batches(self: GRPOTrainer, n):
     mb = self.micro_batch_size or n
     return [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
-GRPOTrainer._micro_batches = _micro_batches
 
+@patch
 def _ar_loss(self: GRPOTrainer, roll, adv, ref_lp):
     lp = self.policy.token_logprobs(roll)
     loss, m = clipped_surrogate(lp, roll.logprobs.to(lp.device), adv.to(lp.device), mask=roll.completion_mask.to(lp.device),
@@ -323,8 +325,8 @@ def _ar_loss(self: GRPOTrainer, roll, adv, ref_lp):
         kl = aggregate(kl_k3(lp, ref_lp.to(lp.device), roll.completion_mask.to(lp.device)), roll.completion_mask.to(lp.device), self.aggregation)
         loss, m["kl"] = loss + self.kl_coef * kl, kl.item()
     return loss, m
-GRPOTrainer._ar_loss = _ar_loss
 
+@patch
 def _dit_loss(self: GRPOTrainer, traj, adv, ref_means):
     kl_on = ref_means is not None
     out = self.policy.latent_logprobs(traj, return_means=kl_on)
@@ -336,9 +338,9 @@ def _dit_loss(self: GRPOTrainer, traj, adv, ref_means):
         kl = gaussian_kl(means, ref_means.to(means.device), traj.step_std[traj.stochastic].to(means.device)).mean()
         loss, m["kl"] = loss + self.kl_coef * kl, kl.item()
     return loss, m
-GRPOTrainer._dit_loss = _dit_loss
 
 # %% ../nbs/05_trainer.ipynb #6797dc03
+@patch
 def _references(self: GRPOTrainer, s: Sample):
     "Reference (adapters off) log-probs / step means, once per step, only when a KL term is used."
     if self.kl_coef <= 0: return None, None
@@ -347,8 +349,8 @@ def _references(self: GRPOTrainer, s: Sample):
         ref_means = (self.policy.latent_logprobs(s.trajectory, micro_batch_size=self.micro_batch_size, return_means=True)[1].cpu()
                      if self.train_dit and s.trajectory.stochastic.any() else None)
     return ref_lp, ref_means
-GRPOTrainer._references = _references
 
+@patch
 def update(self: GRPOTrainer, s: Sample) -> dict:
     "One GRPO update from a Sample: advantages, clipped surrogate (+ KL), `num_inner_epochs` optimiser steps."
     adv, stats, _ = self._global_advantages(s.reward.total)
@@ -393,9 +395,9 @@ def update(self: GRPOTrainer, s: Sample) -> dict:
         metrics.update(agg)
     metrics["skipped"] = float(skipped)
     return metrics, adv, dit_adv, sec
-GRPOTrainer.update = update
 
 # %% ../nbs/05_trainer.ipynb #ea97db1b
+@patch
 def step(self: GRPOTrainer) -> StepResult:
     "One GRPO step: sample, score, advantages, update. Returns what happened."
     idx = self._batch_indices(self.step_count)
@@ -419,8 +421,8 @@ def step(self: GRPOTrainer) -> StepResult:
     self.results.append(res)
     self.step_count += 1
     return res
-GRPOTrainer.step = step
 
+@patch
 def _count_skip(self: GRPOTrainer, why):
     self.consecutive_skips += 1; self.skipped_total += 1
     warnings.warn(f"GRPO step {self.step_count}: update skipped, {why}; weights and optimiser state are untouched.")
@@ -428,8 +430,8 @@ def _count_skip(self: GRPOTrainer, why):
         raise RuntimeError(f"{self.consecutive_skips} GRPO updates in a row were skipped ({why}). Likely causes: a "
                            "learning rate too high for the adapters, a reward that returns NaN/inf for some images, or "
                            "half-precision overflow (try torch_dtype=torch.bfloat16 or float32).")
-GRPOTrainer._count_skip = _count_skip
 
+@patch
 def _skip(self: GRPOTrainer, error, prompts):
     self._count_skip(str(error))
     res = StepResult(step=self.step_count, prompts=[p for p in prompts for _ in range(self.group_size)], images=[], targets=None,
@@ -438,8 +440,8 @@ def _skip(self: GRPOTrainer, error, prompts):
     self._log(res)
     self.step_count += 1
     return res
-GRPOTrainer._skip = _skip
 
+@patch
 def _log(self: GRPOTrainer, res: StepResult):
     row = {"step": res.step, **{k: float(v) for k, v in res.metrics.items()}, **{f"seconds/{k}": v for k, v in res.seconds.items()}}
     self.history.append(row)
@@ -447,9 +449,9 @@ def _log(self: GRPOTrainer, res: StepResult):
         self.output_dir.mkdir(parents=True, exist_ok=True)
         with open(self.output_dir / "metrics.jsonl", "a") as f: f.write(json.dumps(row) + "\n")
     if self.accelerator.trackers: self.accelerator.log(row, step=res.step)
-GRPOTrainer._log = _log
 
 # %% ../nbs/05_trainer.ipynb #5e6580e1
+@patch
 def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True, live: bool | None = None,
         log_every: int = 10) -> list[dict]:
     "Run `num_steps` GRPO steps; returns their metrics. `callback(trainer, step_result)` runs after each step."
@@ -477,8 +479,8 @@ def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True,
             self.save()
         if callback is not None: callback(self, res)
     return self.history[start:]
-GRPOTrainer.fit = fit
 
+@patch
 def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, float]:
     "Mean reward per component on `prompts` (default: eval_prompts), fixed seeds, ODE sampling, one image per prompt."
     data = _as_dataset(prompts) if prompts is not None else self.eval_dataset
@@ -494,7 +496,6 @@ def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, fl
         out = evaluate_reward(self.reward_fn, self.policy.decode(traj), ps, targets, sources, normalize=False)
     res = {"reward": out.total.mean().item(), **{k: v.mean().item() for k, v in out.components.items()}}
     return res
-GRPOTrainer.evaluate = evaluate
 
 # %% ../nbs/05_trainer.ipynb #9ba11b87
 def _checkpoints(folder: Path) -> list[Path]:
@@ -502,6 +503,7 @@ def _checkpoints(folder: Path) -> list[Path]:
     if not folder.is_dir(): return []
     return sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / "trainer_state.json").exists())
 
+@patch
 def save(self: GRPOTrainer, directory: str | Path | None = None) -> Path | None:
     "Write a checkpoint (default: output_dir/checkpoints/step-NNNNNN), atomically; prune old ones."
     acc = self.accelerator
@@ -523,7 +525,6 @@ def save(self: GRPOTrainer, directory: str | Path | None = None) -> Path | None:
             for old in _checkpoints(directory.parent)[:-self.keep_checkpoints]: shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return directory
-GRPOTrainer.save = save
 
 def _resolve_checkpoint(directory) -> Path:
     d = Path(directory)
@@ -532,8 +533,8 @@ def _resolve_checkpoint(directory) -> Path:
     if not found: raise ValueError(f"resume: no complete checkpoint in {d}; pass a checkpoint folder (with trainer_state.json) or an output_dir.")
     return found[-1]
 
-@classmethod
-def resume(cls, directory: str | Path, policy: GlmImagePolicy, reward_fn, dataset, **overrides) -> GRPOTrainer:
+@patch(cls_method=True)
+def resume(cls: GRPOTrainer, directory: str | Path, policy: GlmImagePolicy, reward_fn, dataset, **overrides) -> GRPOTrainer:
     "A trainer continuing exactly from a checkpoint (or the latest one in an output_dir); `overrides` change settings."
     ckpt = _resolve_checkpoint(directory)
     state = json.loads((ckpt / "trainer_state.json").read_text())
@@ -549,4 +550,3 @@ def resume(cls, directory: str | Path, policy: GlmImagePolicy, reward_fn, datase
     random.setstate((3, tuple(rng["python"]), rng["python_pos"]))
     np.random.set_state(("MT19937", np.array(rng["numpy"], dtype=np.uint32), rng["numpy_pos"], 0, 0.0))
     return trainer
-GRPOTrainer.resume = resume
