@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,13 +28,15 @@ __all__ = ['REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardE
            'combine']
 
 # %% ../nbs/03_rewards.ipynb #c0361b0a
-class Reward:
+class Reward(ABC):
     "Base class for rewards: subclasses implement `score` and set `name`, `needs_targets`, `needs_sources`."
     name: str = "reward"
     needs_targets: bool = False
     needs_sources: bool = False
 
-    def score(self, images, prompts, targets=None, sources=None) -> torch.Tensor: raise NotImplementedError
+    @abstractmethod
+    def score(self, images, prompts, targets=None, sources=None) -> torch.Tensor:
+        "One score per image, shape [len(images)], higher is better."
     def __call__(self, images, prompts, targets=None, sources=None) -> torch.Tensor:
         return self.score(images, prompts, targets, sources)
     def to(self, device=None, dtype=None):
@@ -247,13 +250,13 @@ class OCRReward(Reward):
 
     def score(self, images, prompts, targets=None, sources=None):
         wanted = [" ".join(quoted_texts(p)) for p in prompts]
-        todo = [i for i, w in enumerate(wanted) if w.strip()]
-        reads = self.ocr([images[i] for i in todo]) if todo else []
-        if len(reads) != len(todo):
-            raise ValueError(f"reward 'ocr': the OCR engine returned {len(reads)} strings for {len(todo)} images.")
+        with_text = [i for i, w in enumerate(wanted) if w.strip()]
+        reads = self.ocr([images[i] for i in with_text]) if with_text else []
+        if len(reads) != len(with_text):
+            raise ValueError(f"reward 'ocr': the OCR engine returned {len(reads)} strings for {len(with_text)} images.")
         scores = torch.full((len(images),), float(self.no_text_score))
         words = torch.full((len(images),), float(self.no_text_score))
-        for i, r in zip(todo, reads):
+        for i, r in zip(with_text, reads):
             scores[i], words[i] = text_similarity(r, wanted[i]), word_accuracy(r, wanted[i])
         self.last_info = {"word_accuracy": words}
         return scores
