@@ -1,21 +1,13 @@
 """Benchmark: AR group sampling on the tiny GLM-Image (G = 8), batched vs sequential, and recompute vs sampling.
 Run: python tests/bench_ar.py"""
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from _bench import timed
 from glm_grpo_nb.tiny import make_tiny_glm_image
 from glm_grpo_nb.wrapper import GlmImagePolicy
-
-
-def timed(fn, repeats=5):
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter(); fn(); out.append(time.perf_counter() - t)
-    return statistics.median(out)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,13 @@
 """Benchmark: Flow-GRPO DiT steps on the tiny GLM-Image. Per-step forward and forward+backward time, update time for a
 window of k of S stochastic steps, guidance on vs off. Run: python tests/bench_dit.py"""
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from _bench import timed
 from glm_grpo_nb.tiny import make_tiny_glm_image
 from glm_grpo_nb.wrapper import GlmImagePolicy
-
-
-def timed(fn, repeats=5):
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter(); fn(); out.append(time.perf_counter() - t)
-    return statistics.median(out)
 
 
 if __name__ == "__main__":
@@ -26,13 +18,11 @@ if __name__ == "__main__":
     for scale in (1.5, 1.0):
         sample = timed(lambda: policy.sample_latents(roll, num_steps=S, sde_window=[0], guidance_scale=scale, seed=0), 3)
         print(f"{size}x{size}, N={N}, guidance {scale}: sampling {S} steps {sample:.3f} s ({sample / S * 1000:.1f} ms per step)")
-        full = None
         for k in (1, 2, 4, 8, 16):
             traj = policy.sample_latents(roll, num_steps=S, sde_window=range(k), guidance_scale=scale, seed=0)
             with torch.no_grad(): fwd = timed(lambda: policy.latent_logprobs(traj))
             def update():
                 policy.latent_logprobs(traj).sum().backward(); policy.zero_grad(set_to_none=True)
             upd = timed(update)
-            full = full or None
             print(f"  window {k:2d}/{S}: recompute forward {fwd:.3f} s ({fwd / k * 1000:.1f} ms/step), "
                   f"forward+backward {upd:.3f} s ({upd / k * 1000:.1f} ms/step)")

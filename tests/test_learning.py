@@ -1,7 +1,6 @@
 """Learning check: on the tiny GLM-Image, GRPO with a redness reward raises the reward, for AR-only, DiT-only and joint
 training. Mean reward of the last steps against the first steps."""
 import pytest
-import torch
 
 from glm_grpo_nb.rewards import RednessReward
 from glm_grpo_nb.trainer import GRPOTrainer
