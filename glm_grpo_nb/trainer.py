@@ -237,19 +237,20 @@ def _step_seed(self: GRPOTrainer, step: int, salt: int = 0) -> int:
     return (self.seed * 1_000_003 + step * 7919 + self.accelerator.process_index * 104_729 + salt) % (2 ** 31)
 
 # %% ../nbs/05_trainer.ipynb #1021385a
-@patch
-def _rows_data(self: GRPOTrainer, idx):
-    rows = [self.dataset[i] for i in idx]
+def _columns(dataset: PromptDataset, idx):
+    "Prompts, targets (or None) and source lists (or None) of the dataset rows `idx`."
+    rows = [dataset[i] for i in idx]
     prompts = [r["prompt"] for r in rows]
-    targets = [r["target"] for r in rows] if self.dataset.has_targets else None
-    sources = [r["sources"] for r in rows] if self.dataset.has_sources else None
+    targets = [r["target"] for r in rows] if dataset.has_targets else None
+    sources = [r["sources"] for r in rows] if dataset.has_sources else None
     return prompts, targets, sources
 
 @patch
-def _score(self: GRPOTrainer, reward_fn, images, prompts, targets, sources) -> RewardOutput:
-    G = self.group_size
-    rep = lambda xs: None if xs is None else [x for x in xs for _ in range(G)]
-    return evaluate_reward(reward_fn, images, rep(prompts), rep(targets), rep(sources), group_size=G)
+def _rows_data(self: GRPOTrainer, idx): return _columns(self.dataset, idx)
+
+def _repeat(xs, G):
+    "Each element G times in a row (prompt-major), None stays None."
+    return None if xs is None else [x for x in xs for _ in range(G)]
 
 @patch
 def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | None = None, seed: int | None = None) -> Sample:
@@ -262,14 +263,15 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
                              top_k=self.top_k, top_p=self.top_p, seed=seed_of())
     sec["sample_ar"] = time.perf_counter() - t
     dit_kw = dict(num_steps=self.num_steps, sde_type=self.sde_type, sde_window=self.sde_window, guidance_scale=self.guidance_scale)
-    rep = lambda xs: None if xs is None else [x for x in xs for _ in range(G)]
+    ps, ts, ss = _repeat(prompts, G), _repeat(targets, G), _repeat(sources, G)
+    score = lambda reward_fn, images: evaluate_reward(reward_fn, images, ps, ts, ss, group_size=G)
     if self.mode == "joint":
         t = time.perf_counter()
         traj = pol.sample_latents(roll, noise_level=self.noise_level, seed=seed_of(1), **dit_kw)
         sec["sample_dit"] = time.perf_counter() - t
         t = time.perf_counter(); images = pol.decode(traj); sec["decode"] = time.perf_counter() - t
-        t = time.perf_counter(); reward = self._score(self.reward_fn, images, prompts, targets, sources); sec["reward"] = time.perf_counter() - t
-        return Sample(rep(prompts), rep(targets), rep(sources), G, roll, traj, images, reward, seconds=sec)
+        t = time.perf_counter(); reward = score(self.reward_fn, images); sec["reward"] = time.perf_counter() - t
+        return Sample(ps, ts, ss, G, roll, traj, images, reward, seconds=sec)
     # decoupled: the AR group shares one noise per prompt and ODE steps; the DiT group shares one token sequence
     t = time.perf_counter()
     shape = (len(prompts), pol.transformer.config.in_channels, self.height // pol.pipeline.vae_scale_factor,
@@ -281,10 +283,10 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
     sec["sample_dit"] = time.perf_counter() - t
     t = time.perf_counter(); images, dit_images = pol.decode(traj_ar), pol.decode(traj); sec["decode"] = time.perf_counter() - t
     t = time.perf_counter()
-    reward = self._score(self.ar_reward_fn or self.reward_fn, images, prompts, targets, sources)
-    dit_reward = self._score(self.dit_reward_fn or self.reward_fn, dit_images, prompts, targets, sources)
+    reward = score(self.ar_reward_fn or self.reward_fn, images)
+    dit_reward = score(self.dit_reward_fn or self.reward_fn, dit_images)
     sec["reward"] = time.perf_counter() - t
-    return Sample(rep(prompts), rep(targets), rep(sources), G, roll, traj, images, reward, dit_images, dit_reward, seconds=sec)
+    return Sample(ps, ts, ss, G, roll, traj, images, reward, dit_images, dit_reward, seconds=sec)
 
 # %% ../nbs/05_trainer.ipynb #809cff2d
 @patch
@@ -319,10 +321,11 @@ def _micro_batches(self: GRPOTrainer, n):
 @patch
 def _ar_loss(self: GRPOTrainer, roll, adv, ref_lp):
     lp = self.policy.token_logprobs(roll)
-    loss, m = clipped_surrogate(lp, roll.logprobs.to(lp.device), adv.to(lp.device), mask=roll.completion_mask.to(lp.device),
+    mask = roll.completion_mask.to(lp.device)
+    loss, m = clipped_surrogate(lp, roll.logprobs.to(lp.device), adv.to(lp.device), mask=mask,
                                 clip_range=self.clip_range, clip_range_high=self.clip_range_high, aggregation=self.aggregation)
     if ref_lp is not None:
-        kl = aggregate(kl_k3(lp, ref_lp.to(lp.device), roll.completion_mask.to(lp.device)), roll.completion_mask.to(lp.device), self.aggregation)
+        kl = aggregate(kl_k3(lp, ref_lp.to(lp.device), mask), mask, self.aggregation)
         loss, m["kl"] = loss + self.kl_coef * kl, kl.item()
     return loss, m
 
@@ -485,10 +488,7 @@ def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, fl
     "Mean reward per component on `prompts` (default: eval_prompts), fixed seeds, ODE sampling, one image per prompt."
     data = _as_dataset(prompts) if prompts is not None else self.eval_dataset
     if data is None: raise ValueError("evaluate: no prompts; pass eval_prompts= to the trainer or prompts= here.")
-    rows = [data[i] for i in range(len(data))]
-    ps = [r["prompt"] for r in rows]
-    targets = [r["target"] for r in rows] if data.has_targets else None
-    sources = [r["sources"] for r in rows] if data.has_sources else None
+    ps, targets, sources = _columns(data, range(len(data)))
     with torch.no_grad():
         roll = self.policy.sample_tokens(ps, 1, self.height, self.width, images=sources, temperature=self.temperature,
                                          top_k=self.top_k, top_p=self.top_p, seed=seed)
