@@ -5,6 +5,8 @@
 # %% ../nbs/08_cli.ipynb #395e77a2
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import inspect
 import sys
 from pathlib import Path
@@ -12,30 +14,30 @@ from pathlib import Path
 from fastcore.script import anno_parser
 
 from . import __version__
+from .config import GRPOConfig
+from .hub import check_image_size, resolve_model
 
 # %% auto #0
-__all__ = ['DEMO_PROMPTS', 'COMMANDS', 'tiny', 'generate', 'demo', 'parse_rewards', 'train', 'plan', 'main']
+__all__ = ['DEMO_PROMPTS', 'TRAIN_DEFAULTS', 'COMMANDS', 'tiny', 'generate', 'demo', 'parse_rewards', 'config_options', 'train',
+           'plan', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def tiny(
-    path: str,              # folder to write the model to
-    seed: int = 0,          # weight seed; the same seed gives byte-identical files
-    codebook_size: int = 64,  # image codes K (K is image start, K+1 the end token)
+    path: str,                # folder to write the model to
+    seed: int = 0,            # weight seed; the same seed gives byte-identical files
+    codebook_size: int = 64,  # image codes K (K is image start, K+1 the end token); other than 64 needs --random
     full_head: bool = False,  # AR head with the real vocabulary layout (codes, start, end, spare ids)
+    random: bool = False,     # random weights instead of the shipped ones trained on synthetic scenes
 ):
-    "Write a tiny random GLM-Image in the hub layout (offline, under a second)."
+    "Write the tiny GLM-Image (trained on synthetic scenes, or random) in the hub layout (offline, in seconds)."
+    if codebook_size != 64 and not random:
+        raise ValueError(f"tiny: trained weights exist for --codebook-size 64 only; add --random for {codebook_size} codes.")
     from glm_grpo_nb.tiny import make_tiny_glm_image
-    out = make_tiny_glm_image(path, seed=seed, codebook_size=codebook_size, full_head=full_head)
+    out = make_tiny_glm_image(path, seed=seed, codebook_size=codebook_size, full_head=full_head, pretrained=not random)
     print(f"tiny GLM-Image written to {out}")
     return 0
 
 # %% ../nbs/08_cli.ipynb #c0f0eb34
-def _check_model_dir(model):
-    p = Path(model).expanduser()
-    if p.exists() and not (p / "model_index.json").exists():
-        raise ValueError(f"{p} has no model_index.json: pass a GLM-Image folder (hub layout) or a hub id such as zai-org/GLM-Image.")
-    return str(p) if p.exists() else model
-
 def generate(
     model: str = None,       # GLM-Image folder or hub id (required)
     prompt: str = None,      # text prompt; quoted text ('...', "...") is rendered as glyphs (required)
@@ -53,9 +55,8 @@ def generate(
     from diffusers import GlmImagePipeline
     if not model: raise ValueError("generate: pass --model with a GLM-Image folder or hub id.")
     if not prompt or not prompt.strip(): raise ValueError("generate: the prompt is empty; pass --prompt with some text.")
-    if height % 32 or width % 32 or height <= 0 or width <= 0:
-        raise ValueError(f"generate: height and width must be positive multiples of 32, got {height}x{width}.")
-    pipe = GlmImagePipeline.from_pretrained(_check_model_dir(model)).to(device)
+    check_image_size(height, width, "generate: --height/--width")
+    pipe = GlmImagePipeline.from_pretrained(resolve_model(model, "generate: --model")).to(device)
     pipe.set_progress_bar_config(disable=True)
     images = pipe([prompt], height=height, width=width, num_images_per_prompt=num_images, num_inference_steps=num_steps,
                   guidance_scale=guidance_scale, generator=torch.Generator(device).manual_seed(seed)).images
@@ -106,7 +107,7 @@ def demo(
     from glm_grpo_nb.rewards import RednessReward
     from glm_grpo_nb.tiny import make_tiny_glm_image
     from glm_grpo_nb.trainer import GRPOTrainer
-    from glm_grpo_nb.wrapper import GlmImagePolicy
+    from glm_grpo_nb.policy import GlmImagePolicy
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if (out / "metrics.jsonl").exists(): (out / "metrics.jsonl").unlink()
@@ -162,6 +163,22 @@ def _dataset_rows(prompts, targets, sources):
         rows.append(row)
     return rows
 
+TRAIN_DEFAULTS = {"save_every": 50}   # where `glm-grpo train` departs from GRPOConfig's defaults
+
+def config_options(parser: argparse.ArgumentParser, defaults: dict = TRAIN_DEFAULTS) -> argparse.ArgumentParser:
+    "Add one option per GRPOConfig field: its help and choices, --x/--no-x for switches, a list of steps for sde_window."
+    kinds = {"int": int, "float": float, "str": str}
+    for f in dataclasses.fields(GRPOConfig):
+        default = defaults.get(f.name, f.default)
+        shown = "" if default is None else f" (default: {default})"   # None's meaning is in the help itself
+        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"] + shown)
+        if f.type == "bool": kw["action"] = argparse.BooleanOptionalAction
+        elif f.type.startswith("list[int]"): kw.update(nargs="+", type=int, metavar="STEP")
+        else: kw.update(type=kinds[f.type.split(" |")[0]], metavar=f.type.split(" |")[0].upper())
+        if f.metadata["choices"]: kw.update(choices=f.metadata["choices"], metavar=None)
+        parser.add_argument("--" + f.name.replace("_", "-"), **kw)
+    return parser
+
 def train(
     model: str = None,         # GLM-Image folder or hub id (required)
     prompts: str = None,       # prompts file (.txt/.jsonl/.csv) or folder (required)
@@ -170,48 +187,36 @@ def train(
     targets: str = None,       # folder of target images named by prompt line (0.png, 1.png, ...)
     sources: str = None,       # folder of source images named by prompt line (i2i)
     out: str = "runs/train",   # output folder: metrics.jsonl, checkpoints, adapters
-    steps: int = 100,          # GRPO steps
-    group_size: int = 4,       # samples per prompt
-    prompts_per_step: int = 2, # prompts per step (per process)
-    height: int = None,        # image height (default: the targets' size, else 1024)
-    width: int = None,         # image width
-    num_steps: int = 10,       # denoising steps while training
-    noise_level: float = 0.7,  # SDE noise level
-    mode: str = "joint",       # joint or decoupled
-    train_ar: bool = True,     # update the AR adapters
-    train_dit: bool = True,    # update the DiT adapters
+    steps: int = 100,          # GRPO steps in all (a resumed run continues up to this)
     ar_lora: int = 16,         # AR LoRA rank
     dit_lora: int = 16,        # DiT LoRA rank
-    load_in_4bit: bool = False,  # NF4 base weights (QLoRA)
-    lr: float = 1e-4,          # learning rate
-    kl_coef: float = 0.0,      # KL to the reference policy
-    micro_batch_size: int = None,  # samples per forward/backward
-    save_every: int = 50,      # checkpoint every n steps
+    load_in_4bit: bool = False,  # load the base weights in NF4 (QLoRA)
     resize: bool = False,      # resize targets/sources to height x width instead of refusing other sizes
-    seed: int = 0,             # seed
     device: str = None,        # torch device (default: CUDA if available)
+    **settings,                # GRPOConfig settings given as options (--group-size 4, --sde-window 0 1, ...)
 ):
     "GRPO-train a GLM-Image model's adapters on your prompts and rewards; resumes from `out` if it holds checkpoints."
-    from glm_grpo_nb.data import PromptDataset
-    from glm_grpo_nb.rewards import combine
-    from glm_grpo_nb.trainer import GRPOTrainer, _checkpoints
-    from glm_grpo_nb.wrapper import GlmImagePolicy
     for name, v in (("--model", model), ("--prompts", prompts), ("--reward", reward)):
         if not v: raise ValueError(f"train: {name} is required.")
+    config = GRPOConfig().replace(**{**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
+    model = resolve_model(model, "train: --model")
+    from glm_grpo_nb.data import PromptDataset
+    from glm_grpo_nb.policy import GlmImagePolicy
+    from glm_grpo_nb.rewards import combine
+    from glm_grpo_nb.trainer import GRPOTrainer, _checkpoints
     reward_fn = combine(parse_rewards(reward, reward_models))
-    size = (width, height) if resize and width and height else bool(resize)
+    size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
     dataset = PromptDataset(_dataset_rows(prompts, targets, sources), resize=size)
-    policy = GlmImagePolicy.from_pretrained(_check_model_dir(model), load_in_4bit=load_in_4bit,
-                                            ar_lora=ar_lora if train_ar else None, dit_lora=dit_lora if train_dit else None,
-                                            device=device, lora_seed=seed)
-    kw = dict(group_size=group_size, prompts_per_step=prompts_per_step, height=height, width=width, num_steps=num_steps,
-              noise_level=noise_level, mode=mode, train_ar=train_ar, train_dit=train_dit, lr=lr, kl_coef=kl_coef,
-              micro_batch_size=micro_batch_size, save_every=save_every, seed=seed)
+    policy = GlmImagePolicy.from_pretrained(model, load_in_4bit=load_in_4bit,
+                                            ar_lora=ar_lora if config.train_ar else None,
+                                            dit_lora=dit_lora if config.train_dit else None,
+                                            device=device, lora_seed=config.seed)
     if _checkpoints(Path(out) / "checkpoints"):
-        trainer = GRPOTrainer.resume(out, policy, reward_fn, dataset, output_dir=out)
-        print(f"resumed from step {trainer.step_count}")
+        trainer = GRPOTrainer.resume(out, policy, reward_fn, dataset, output_dir=out, **settings)
+        print(f"resumed from step {trainer.step_count}"
+              + (f"; options given now override the stored settings: {settings}" if settings else ""))
     else:
-        trainer = GRPOTrainer(policy, reward_fn, dataset, output_dir=out, **kw)
+        trainer = GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out)
     trainer.fit(max(0, steps - trainer.step_count))
     trainer.save()
     policy.save_adapters(Path(out) / "adapters")
@@ -273,8 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glm-grpo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr); return 2
     func = COMMANDS[name]
     parser = anno_parser(func, prog=f"glm-grpo {name}")
-    args = vars(parser.parse_args(_option_style(parser, rest)))
     params = inspect.signature(func).parameters
-    try: return func(**{k: v for k, v in args.items() if k in params}) or 0
+    takes_settings = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if takes_settings: config_options(parser)
+    args = vars(parser.parse_args(_option_style(parser, rest)))
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)} if takes_settings else set()
+    try: return func(**{k: v for k, v in args.items() if k in params or k in fields}) or 0
     except ValueError as e:
         print(f"glm-grpo {name}: {e}", file=sys.stderr); return 2

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from .hub import IMAGE_BLOCK, check_image_size
+
 # %% auto #0
 __all__ = ['IMAGE_SUFFIXES', 'Example', 'PromptDataset']
 
@@ -54,20 +56,91 @@ def _folder_images(folder: Path) -> dict[int, list[Path]]:
         if f.suffix.lower() in IMAGE_SUFFIXES and re.fullmatch(r"\d+", f.stem): out.setdefault(int(f.stem), []).append(f)
     return out
 
+# %% ../nbs/04_data.ipynb #da7a0008
+def _example(where, d, base):
+    "An Example from one row dict, or None and the row's errors."
+    errs = []
+    if "_error" in d: return None, [f"{where}: {d['_error']}"]
+    prompt = d.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        return None, [f"{where}: empty prompt; every row needs some text."]
+    def path(x):
+        if x is None or x == "": return None
+        if isinstance(x, str) and x.startswith("<"): errs.append(f"{where}: {x[1:-1]}"); return None
+        q = Path(x).expanduser()
+        return q if q.is_absolute() else base / q
+    target = path(d.get("target"))
+    src = d.get("source", d.get("sources"))
+    if isinstance(src, str) and not src.startswith("<"): src = [s for s in src.split("|") if s.strip()]
+    sources = [path(s) for s in src] if isinstance(src, list) else ([path(src)] if src else None)
+    if sources is not None: sources = [s for s in sources if s is not None] or None
+    return (Example(prompt.strip(), target, sources) if not errs else None), errs
+
+# %% ../nbs/04_data.ipynb #da7a0006
+def _collect_folder(p: Path):
+    "Rows of a folder with prompts.txt, each with its target and source images found by line number."
+    pf = p / "prompts.txt"
+    if not pf.exists(): raise ValueError(f"PromptDataset: folder {p} has no prompts.txt; put one prompt per line there.")
+    rows = [(f"prompts.txt:{i + 1}", {"prompt": line.strip(), "_index": i})
+            for i, line in enumerate(pf.read_text(encoding="utf-8").splitlines())]
+    targets = _folder_images(p / "target_images") if (p / "target_images").is_dir() else None
+    sources = _folder_images(p / "source_images") if (p / "source_images").is_dir() else None
+    for where, d in rows:
+        i = d.pop("_index")
+        if targets is not None:
+            found = targets.get(i, [])
+            d["target"] = (str(found[0]) if len(found) == 1 else
+                           f"<missing target_images/{i}.*>" if not found else f"<several target images for line {i}>")
+        if sources is not None:
+            found = sources.get(i, [])
+            d["source"] = [str(f) for f in found] if found else f"<missing source_images/{i}.*>"
+    return rows
+
+# %% ../nbs/04_data.ipynb #da7a0005
+def _collect(data):
+    "Rows (where, dict) of `data`, the folder relative image paths start from, and the file or folder read (or None)."
+    if isinstance(data, (str, Path)):
+        p = Path(data).expanduser()
+        if not p.exists():
+            raise ValueError(f"PromptDataset: {p} does not exist; pass a prompts file, a folder or a list of prompts.")
+        if p.is_dir(): return _collect_folder(p), p, str(p)
+        return [(f"{p.name}:{i}", d) for i, d in _rows_from_file(p)], p.parent, str(p)
+    if isinstance(data, (list, tuple)):
+        rows = [(f"item {i}", {"prompt": d} if isinstance(d, str) else d) for i, d in enumerate(data)]
+        return rows, Path.cwd(), None
+    raise ValueError(f"PromptDataset: cannot read {type(data).__name__}; pass a list of prompts, a file or a folder.")
+
+# %% ../nbs/04_data.ipynb #da7a000a
+def _check_images(examples, size):
+    "Problems with the examples' images: missing, unreadable, or (without a resize `size`) not a multiple of 32."
+    errs = []
+    for i, e in enumerate(examples):
+        for kind, p in [("target", e.target)] + [("source", s) for s in (e.sources or [])]:
+            if p is None: continue
+            if not p.exists(): errs.append(f"row {i} ({e.prompt[:30]!r}): {kind} image {p} not found."); continue
+            try:
+                with Image.open(p) as im: im.verify()
+                with Image.open(p) as im: w, h = im.size
+            except Exception as ex:
+                errs.append(f"row {i}: {kind} image {p} cannot be read ({type(ex).__name__})."); continue
+            if size is None and (w % IMAGE_BLOCK or h % IMAGE_BLOCK):
+                errs.append(f"row {i}: {kind} image {p} is {w}x{h}, not a multiple of {IMAGE_BLOCK}; pass "
+                            "resize=(width, height) or resize=True.")
+    return errs
+
 # %% ../nbs/04_data.ipynb #d7e8145e
 class PromptDataset:
     "Prompts with optional target and source images, validated at construction."
     def __init__(
         self,
         data,                       # list of prompts or dicts, or a path (.txt/.jsonl/.csv file, or a folder)
-        resize: bool | tuple[int, int] = False,  # (width, height) to resize images to; True: the first target's size rounded to 32
+        resize: bool | tuple[int, int] = False,  # (width, height) to resize to; True: the first target's size, rounded to 32
         check_images: bool = True,  # open every image now (slower for big datasets, but errors come early)
     ):
-        self.origin = None
-        rows, base = self._collect(data)
+        rows, base, self.origin = _collect(data)
         self.examples, errors = [], []
         for where, d in rows:
-            ex, errs = self._example(where, d, base)
+            ex, errs = _example(where, d, base)
             errors += errs
             if ex is not None: self.examples.append(ex)
         if not rows: errors.append(f"{self.origin or 'data'}: no prompts found; the file or list is empty.")
@@ -78,83 +151,27 @@ class PromptDataset:
         self.size = None
         if resize is True:
             first = next((e.target for e in self.examples if e.target), None)
-            if first is None: errors.append("resize=True takes the size of the first target image, but there are no targets; pass resize=(width, height).")
+            if first is None:
+                errors.append("resize=True takes the size of the first target image, but there are no targets; "
+                              "pass resize=(width, height).")
             else:
                 try:
                     with Image.open(first) as im: w, h = im.size
-                    self.size = (max(32, round(w / 32) * 32), max(32, round(h / 32) * 32))
+                    block = lambda v: max(IMAGE_BLOCK, round(v / IMAGE_BLOCK) * IMAGE_BLOCK)
+                    self.size = (block(w), block(h))
                 except OSError: pass  # reported below
         elif resize:
             w, h = resize
-            if w % 32 or h % 32 or w <= 0 or h <= 0: errors.append(f"resize={resize}: width and height must be positive multiples of 32.")
-            self.size = (int(w), int(h))
-        if check_images: errors += self._check_images()
+            try: check_image_size(h, w, f"resize={resize}"); self.size = (w, h)
+            except ValueError as e: errors.append(str(e))
+        if check_images: errors += _check_images(self.examples, self.size)
         if errors:
             raise ValueError(f"PromptDataset: {len(errors)} problem(s):\n  " + "\n  ".join(errors))
 
-    def _collect(self, data):
-        if isinstance(data, (str, Path)):
-            p = Path(data).expanduser()
-            self.origin = str(p)
-            if not p.exists(): raise ValueError(f"PromptDataset: {p} does not exist; pass a prompts file, a folder or a list of prompts.")
-            if p.is_dir(): return self._collect_folder(p), p
-            return [(f"{p.name}:{i}", d) for i, d in _rows_from_file(p)], p.parent
-        if isinstance(data, (list, tuple)):
-            return [(f"item {i}", {"prompt": d} if isinstance(d, str) else d) for i, d in enumerate(data)], Path.cwd()
-        raise ValueError(f"PromptDataset: cannot read {type(data).__name__}; pass a list of prompts, a file or a folder.")
-
-    def _collect_folder(self, p):
-        pf = p / "prompts.txt"
-        if not pf.exists(): raise ValueError(f"PromptDataset: folder {p} has no prompts.txt; put one prompt per line there.")
-        rows = [(f"prompts.txt:{i + 1}", {"prompt": line.strip(), "_index": i})
-                for i, line in enumerate(pf.read_text(encoding="utf-8").splitlines())]
-        targets = _folder_images(p / "target_images") if (p / "target_images").is_dir() else None
-        sources = _folder_images(p / "source_images") if (p / "source_images").is_dir() else None
-        for where, d in rows:
-            i = d.pop("_index")
-            if targets is not None:
-                found = targets.get(i, [])
-                d["target"] = str(found[0]) if len(found) == 1 else (f"<missing target_images/{i}.*>" if not found else f"<several target images for line {i}>")
-            if sources is not None:
-                found = sources.get(i, [])
-                d["source"] = [str(f) for f in found] if found else f"<missing source_images/{i}.*>"
-        return rows
-
-    def _example(self, where, d, base):
-        errs = []
-        if "_error" in d: return None, [f"{where}: {d['_error']}"]
-        prompt = d.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
-            return None, [f"{where}: empty prompt; every row needs some text."]
-        def path(x):
-            if x is None or x == "": return None
-            if isinstance(x, str) and x.startswith("<"): errs.append(f"{where}: {x[1:-1]}"); return None
-            q = Path(x).expanduser()
-            return q if q.is_absolute() else base / q
-        target = path(d.get("target"))
-        src = d.get("source", d.get("sources"))
-        if isinstance(src, str) and not src.startswith("<"): src = [s for s in src.split("|") if s.strip()]
-        sources = [path(s) for s in src] if isinstance(src, list) else ([path(src)] if src else None)
-        if sources is not None: sources = [s for s in sources if s is not None] or None
-        return (Example(prompt.strip(), target, sources) if not errs else None), errs
-
-    def _check_images(self):
-        errs = []
-        for i, e in enumerate(self.examples):
-            for kind, p in [("target", e.target)] + [("source", s) for s in (e.sources or [])]:
-                if p is None: continue
-                if not p.exists(): errs.append(f"row {i} ({e.prompt[:30]!r}): {kind} image {p} not found."); continue
-                try:
-                    with Image.open(p) as im: im.verify()
-                    with Image.open(p) as im: w, h = im.size
-                except Exception as ex:
-                    errs.append(f"row {i}: {kind} image {p} cannot be read ({type(ex).__name__})."); continue
-                if self.size is None and (w % 32 or h % 32):
-                    errs.append(f"row {i}: {kind} image {p} is {w}x{h}, not a multiple of 32; pass resize=(width, height) or resize=True.")
-        return errs
-
     def __len__(self): return len(self.examples)
-    def __repr__(self): return f"PromptDataset({len(self)} prompts, targets={self.has_targets}, sources={self.has_sources}, size={self.size})"
+    def __repr__(self):
+        return (f"PromptDataset({len(self)} prompts, targets={self.has_targets}, sources={self.has_sources}, "
+                f"size={self.size})")
 
     @property
     def has_targets(self) -> bool: return any(e.target is not None for e in self.examples)

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, check_image_size, lora_targeted, sde_steps, token_grid
+
 # %% auto #0
-__all__ = ['GB', 'DTYPE_BYTES', 'LORA_TARGETS', 'nf4_linear_bytes', 'module_weight_bytes', 'ar_quantized', 'dit_quantized',
-           'real_modules', 'lora_params', 'MemoryPlan', 'plan']
+__all__ = ['GB', 'DTYPE_BYTES', 'nf4_linear_bytes', 'module_weight_bytes', 'ar_quantized', 'dit_quantized', 'real_modules',
+           'lora_params', 'MemoryPlan', 'plan']
 
 # %% ../nbs/07_memory.ipynb #92176a20
 GB = 1024 ** 3
@@ -58,11 +60,10 @@ def real_modules():
     return dict(ar=ar, dit=dit, text_encoder=t5, vae=vae)
 
 # %% ../nbs/07_memory.ipynb #07b729c8
-LORA_TARGETS = {"ar": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"), "dit": ("to_q", "to_k", "to_v", "to_out.0")}
-
-def lora_params(module, targets, rank, prefix=""):
+def lora_params(module, targets, rank):
+    "LoRA parameters of rank `rank` that peft adds to `module` for `target_modules=targets` (A and B of each layer)."
     return sum(rank * (m.in_features + m.out_features) for n, m in module.named_modules()
-               if isinstance(m, torch.nn.Linear) and n.startswith(prefix) and n.endswith(targets))
+               if isinstance(m, torch.nn.Linear) and lora_targeted(n, targets))
 
 @dataclass
 class MemoryPlan:
@@ -101,13 +102,13 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
         "DiT weights": module_weight_bytes(dit, dtype_bytes, dit_quantized if load_in_4bit else (lambda n, m: False)),
         "glyph encoder + VAE weights": module_weight_bytes(t5, dtype_bytes) + module_weight_bytes(vae, dtype_bytes),
     }
-    n_lora = ((lora_params(ar, LORA_TARGETS["ar"], lora_rank, "model.language_model") if train in ("ar", "both") else 0)
-              + (lora_params(dit, LORA_TARGETS["dit"], lora_rank) if train in ("dit", "both") else 0))
+    n_lora = ((lora_params(ar, AR_LORA_TARGETS, lora_rank) if train in ("ar", "both") else 0)
+              + (lora_params(dit, DIT_LORA_TARGETS, lora_rank) if train in ("dit", "both") else 0))
     resident["LoRA + grads + AdamW states (fp32)"] = n_lora * 16
     resident["reward models"] = reward_model_params * dtype_bytes
     tc = ar.config.text_config
     L, hidden, inter, kv, hd = tc.num_hidden_layers, tc.hidden_size, tc.intermediate_size, tc.num_key_value_heads, tc.hidden_size // tc.num_attention_heads
-    gh, gw = height // 32, width // 32
+    gh, gw = token_grid(height, width, "plan")
     T = gh * gw + 256 + 1
     S = prompt_len + T
     cfg = 2 if guidance_scale > 1 else 1
@@ -125,7 +126,7 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
     phases["sample latents"] = {"latents, velocities (fp32)": 4 * lat,
                                 "DiT forward": cfg * N * tokens * (8 * inner) * dtype_bytes}
     if train in ("dit", "both"):
-        k = len(sde_window) if sde_window is not None else max(1, num_steps // 4)
+        k = len(sde_steps(sde_window, num_steps))
         per_block = mb * tokens * (12 * inner) * dtype_bytes
         saved = (mb * tokens * inner * dtype_bytes * dc.num_layers if gradient_checkpointing else per_block * dc.num_layers)
         phases["update DiT"] = {"activations (window steps x guidance branches)": k * cfg * saved + (per_block if gradient_checkpointing else 0)}
@@ -153,7 +154,7 @@ def plan(
 ) -> MemoryPlan:
     "Predict the peak GPU memory of a GRPO step; suggest settings that fit when it does not."
     if train not in ("ar", "dit", "both"): raise ValueError(f"plan: train must be 'ar', 'dit' or 'both', got {train!r}.")
-    if height % 32 or width % 32: raise ValueError(f"plan: height and width must be multiples of 32, got {height}x{width}.")
+    check_image_size(height, width, "plan")
     if dtype not in DTYPE_BYTES: raise ValueError(f"plan: dtype must be one of {list(DTYPE_BYTES)}, got {dtype!r}.")
     mods = modules or real_modules()
     args = dict(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=load_in_4bit,
@@ -169,7 +170,7 @@ def plan(
         cur = dict(args)
         for label, change in tries:
             if all(cur.get(k) == v for k, v in change.items()): continue
-            cur.update({k: (DTYPE_BYTES[dtype] if k == "dtype_bytes" else v) for k, v in change.items()})
+            cur.update(change)
             p.suggestions.append(label)
             if MemoryPlan(*_estimate(mods, **cur), budget=p.budget).fits: break
         else:

@@ -5,10 +5,7 @@
 # %% ../nbs/01_tiny.ipynb #76bcd0a9
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -21,10 +18,11 @@ from transformers import (ByT5Tokenizer, GlmImageConfig, GlmImageForConditionalG
 from transformers.models.glm_image.image_processing_pil_glm_image import GlmImageImageProcessorPil
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTransformer2DModel
 
+from .hub import MODEL_INDEX, atomic_folder
+
 # %% auto #0
-__all__ = ['TINY_WEIGHTS_SHA256', 'MODEL_INDEX', 'COMPONENTS', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'file_sha256',
-           'atomic_folder', 'make_tiny_glm_image', 'folder_digest', 'make_tiny_clip', 'make_tiny_ocr', 'color_rgb',
-           'palette_codes', 'codes_image', 'synthetic_scene']
+__all__ = ['TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'make_tiny_glm_image', 'make_tiny_clip',
+           'make_tiny_ocr', 'color_rgb', 'palette_codes', 'codes_image', 'synthetic_scene']
 
 # %% ../nbs/01_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -83,10 +81,6 @@ def _tiny_components(codebook_size, full_head):
 # %% ../nbs/01_tiny.ipynb #59fc07d1
 TINY_WEIGHTS_SHA256 = "c91696e49797cb02727478c125598a96448b4ee0a1b0d2e0392b5cf35a16fcb2"
 
-def file_sha256(path: str | Path) -> str:
-    "sha256 of one file's bytes."
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
 def _asset() -> Path:
     import glm_grpo_nb.tiny as mod
     p = Path(mod.__file__).parent / "assets" / "tiny_glm_image.safetensors"
@@ -123,39 +117,6 @@ def _load_pretrained(parts, codebook_size, full_head):
         module.load_state_dict(sub, strict=True)
     parts["vae"].register_to_config(latents_mean=json.loads(meta["latents_mean"]), latents_std=json.loads(meta["latents_std"]))
 
-# %% ../nbs/01_tiny.ipynb #a4b12978
-MODEL_INDEX = {
-    "_class_name": "GlmImagePipeline",
-    "processor": ["transformers", "GlmImageProcessor"],
-    "tokenizer": ["transformers", "ByT5Tokenizer"],
-    "text_encoder": ["transformers", "T5EncoderModel"],
-    "vision_language_encoder": ["transformers", "GlmImageForConditionalGeneration"],
-    "transformer": ["diffusers", "GlmImageTransformer2DModel"],
-    "vae": ["diffusers", "AutoencoderKL"],
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-}
-COMPONENTS = [k for k in MODEL_INDEX if not k.startswith("_")]
-
-# %% ../nbs/01_tiny.ipynb #38ecb6e9
-@contextlib.contextmanager
-def atomic_folder(path: str | Path):
-    "Yield a temporary sibling of `path` to write into; on success it takes `path`'s place, on failure it is removed."
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        yield tmp
-        old = None
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            path.rename(old)
-        tmp.rename(path)
-        if old is not None: shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
 # %% ../nbs/01_tiny.ipynb #37c60cf2
 def make_tiny_glm_image(
     path: str | Path,           # folder to write (created; an existing tiny model there is replaced)
@@ -178,14 +139,6 @@ def make_tiny_glm_image(
         for name, part in parts.items(): part.save_pretrained(tmp / name)
         (tmp / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=2) + "\n")
     return path
-
-# %% ../nbs/01_tiny.ipynb #92f682c5
-def folder_digest(path: str | Path) -> str:
-    "sha256 over every file's relative path and bytes in `path` (weights, configs, tokenizers)."
-    path, h = Path(path), hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(str(f.relative_to(path)).encode()); h.update(f.read_bytes())
-    return h.hexdigest()
 
 # %% ../nbs/01_tiny.ipynb #c421f905
 def _char_tokenizer(max_length=64):

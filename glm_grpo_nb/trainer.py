@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import json
 import math
 import random
@@ -21,11 +23,14 @@ from fastcore.basics import patch
 from PIL import Image
 from tqdm.auto import tqdm
 
+from .config import GRPOConfig
 from .data import PromptDataset
+from .hub import atomic_folder
 from .loss import aggregate, clipped_surrogate, gaussian_kl, group_advantages, kl_k3
+from .policy import GlmImagePolicy
 from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward
-from .tiny import atomic_folder
-from .wrapper import GlmImagePolicy, LatentTrajectory, TokenRollout, _window
+from .tokens import TokenRollout
+from .flow import LatentTrajectory
 
 # %% auto #0
 __all__ = ['Sample', 'StepResult', 'GRPOTrainer']
@@ -56,20 +61,9 @@ class Sample:
         if len(rows) % G or any(rows[k:k + G] != list(range(rows[k], rows[k] + G)) or rows[k] % G for k in range(0, len(rows), G)):
             raise ValueError("Sample.select: pick whole groups in order, so no group is split across processes.")
         return Sample(prompts=pick(self.prompts), targets=pick(self.targets), sources=pick(self.sources), group_size=G,
-                      rollout=_regroup(self.rollout.select(rows), G), trajectory=_regroup_traj(self.trajectory.select(rows), G),
+                      rollout=self.rollout.select(rows).regroup(G), trajectory=self.trajectory.select(rows).regroup(G),
                       images=pick(self.images), reward=rsel(self.reward), dit_images=pick(self.dit_images),
                       dit_reward=rsel(self.dit_reward), seconds=self.seconds)
-
-def _regroup(roll: TokenRollout, G: int) -> TokenRollout:
-    "Undo `select`'s groups of one for rows that are whole groups in order."
-    import dataclasses
-    sel = lambda xs: None if xs is None else xs[::G]
-    return dataclasses.replace(roll, prompts=roll.prompts[::G], group_size=G, images=sel(roll.images),
-                               source_token_ids=sel(roll.source_token_ids), source_grid_thw=sel(roll.source_grid_thw))
-
-def _regroup_traj(traj: LatentTrajectory, G: int) -> LatentTrajectory:
-    import dataclasses
-    return dataclasses.replace(traj, rollout=_regroup(traj.rollout, G))
 
 # %% ../nbs/05_trainer.ipynb #56f45230
 @dataclass
@@ -110,12 +104,6 @@ def _as_dataset(data):
     if isinstance(data, PromptDataset): return data
     return PromptDataset(data)
 
-_CONFIG_KEYS = ("group_size", "prompts_per_step", "height", "width", "num_steps", "noise_level", "sde_type", "sde_window",
-                "guidance_scale", "train_ar", "train_dit", "mode", "lr", "ar_lr", "dit_lr", "clip_range", "clip_range_high",
-                "kl_coef", "num_inner_epochs", "micro_batch_size", "max_grad_norm", "optimizer", "weight_decay",
-                "advantage_scale", "aggregation", "temperature", "top_k", "top_p", "eval_every", "save_every",
-                "keep_checkpoints", "seed", "max_consecutive_skips", "keep_results")
-
 class GRPOTrainer:
     "Step-through GRPO for GLM-Image's AR model and/or DiT decoder."
     def __init__(
@@ -123,74 +111,44 @@ class GRPOTrainer:
         policy: GlmImagePolicy,
         reward_fn,                   # reward callable or `combine(...)`; see glm_grpo_nb.rewards
         dataset,                     # PromptDataset, a prompts file/folder, or a list of prompts
-        group_size: int = 4,         # G: samples per prompt
-        prompts_per_step: int = 2,   # prompts per step on each process
-        height: int | None = None,   # image size; default: the dataset's (resized) size, its first target's, else 1024
-        width: int | None = None,
-        num_steps: int = 10,         # denoising steps while training
-        noise_level: float = 0.7,    # SDE noise scale a
-        sde_type: str = "sde",       # "sde" or "cps"
-        sde_window=None,             # stochastic (trained) steps; None: the first quarter
-        guidance_scale: float = 1.5, # DiT classifier-free guidance (<= 1: conditional branch only)
-        train_ar: bool = True,       # update the AR adapters
-        train_dit: bool = True,      # update the DiT adapters
-        mode: str = "joint",         # "joint" or "decoupled"
-        lr: float = 1e-4,            # learning rate of both halves unless ar_lr / dit_lr are given
-        ar_lr: float | None = None,
-        dit_lr: float | None = None,
-        clip_range: float = 0.2,     # PPO clip epsilon
-        clip_range_high: float | None = None,  # upper clip (DAPO clip-higher); None: clip_range
-        kl_coef: float = 0.0,        # weight of the KL to the adapters-off reference (k3 for tokens, closed form for steps)
-        num_inner_epochs: int = 1,   # optimiser steps per sampled batch (ratios against the stored old log-probs)
-        micro_batch_size: int | None = None,   # samples per forward/backward; None: all at once
-        max_grad_norm: float = 1.0,  # gradient clipping, per half
-        optimizer: str = "adamw",    # "adamw" or "adamw8bit" (bitsandbytes)
-        weight_decay: float = 0.0,
-        advantage_scale: str = "group",   # "group" (GRPO), "batch" or "none" (Dr. GRPO)
-        aggregation: str = "token_mean",  # "token_mean" or "sequence_mean"
-        temperature: float = 1.0,    # AR sampling; top_k=0, top_p=1 sample the exact distribution
-        top_k: int = 0,
-        top_p: float = 1.0,
+        config: GRPOConfig | None = None,  # every setting at once; keyword settings below change it
         ar_reward_fn=None,           # reward for the AR half (default: reward_fn)
         dit_reward_fn=None,          # reward for the DiT half (default: reward_fn)
         eval_prompts=None,           # prompts (or dataset) for `evaluate()`
-        eval_every: int = 0,         # evaluate every n steps during `fit` (0: never)
-        save_every: int = 0,         # checkpoint every n steps during `fit` (0: never; needs output_dir)
-        keep_checkpoints: int = 2,   # checkpoints kept in output_dir/checkpoints
-        seed: int = 0,               # everything random derives from (seed, step)
         output_dir: str | Path | None = None,  # metrics.jsonl and checkpoints
-        max_consecutive_skips: int = 3,  # skipped (non-finite) updates in a row before giving up
-        keep_results: int = 8,       # last step results kept in `results` (images included) for show_history
         log_with=None,               # accelerate trackers, e.g. "tensorboard" or "wandb"
         accelerator=None,            # an accelerate.Accelerator; default: a new one
+        **settings,                  # GRPOConfig fields, e.g. group_size=4, lr=1e-4
     ):
         from accelerate import Accelerator
         self.policy, self.reward_fn = policy, reward_fn
-        self.ar_reward_fn, self.dit_reward_fn = ar_reward_fn, dit_reward_fn
+        self.ar_reward_fn = reward_fn if ar_reward_fn is None else ar_reward_fn
+        self.dit_reward_fn = reward_fn if dit_reward_fn is None else dit_reward_fn
         self.dataset = _as_dataset(dataset)
         self.eval_dataset = _as_dataset(eval_prompts) if eval_prompts is not None else None
-        cfg = {k: v for k, v in locals().items() if k in _CONFIG_KEYS}
-        if cfg["sde_window"] is not None: cfg["sde_window"] = _window(cfg["sde_window"], num_steps)  # explicit steps: JSON-safe
-        if cfg["height"] is None or cfg["width"] is None:
+        c = (config or GRPOConfig()).replace(**settings)
+        if c.height is None or c.width is None:
             w, h = self._default_size()
-            cfg["height"], cfg["width"] = cfg["height"] or h, cfg["width"] or w
-        self.config = cfg
-        self.__dict__.update(cfg)
-        self._check_config()
+            c = c.replace(height=c.height or h, width=c.width or w)
+        self.config = c
+        self._check_policy_and_data()
         self.accelerator = accelerator or Accelerator(log_with=log_with, project_dir=str(output_dir) if output_dir else None)
         self.output_dir = Path(output_dir) if output_dir else None
-        self.ar_params = [p for n, p in policy.named_parameters() if p.requires_grad and n.startswith("vision_language_encoder.")]
-        self.dit_params = [p for n, p in policy.named_parameters() if p.requires_grad and n.startswith("transformer.")]
+        named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
+        self.ar_params = [p for n, p in named if n.startswith("vision_language_encoder.")]
+        self.dit_params = [p for n, p in named if n.startswith("transformer.")]
         groups = []
-        if train_ar: groups.append({"params": self.ar_params, "lr": ar_lr or lr, "name": "ar"})
-        if train_dit: groups.append({"params": self.dit_params, "lr": dit_lr or lr, "name": "dit"})
-        if optimizer == "adamw": self.optimizer = torch.optim.AdamW(groups, weight_decay=weight_decay)
+        if c.train_ar: groups.append({"params": self.ar_params, "lr": c.lr if c.ar_lr is None else c.ar_lr, "name": "ar"})
+        if c.train_dit: groups.append({"params": self.dit_params, "lr": c.lr if c.dit_lr is None else c.dit_lr, "name": "dit"})
+        if c.optimizer == "adamw": self.optimizer = torch.optim.AdamW(groups, weight_decay=c.weight_decay)
         else:
             import bitsandbytes as bnb
-            self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=weight_decay)
+            self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=c.weight_decay)
         self.step_count, self.history, self.consecutive_skips, self.skipped_total = 0, [], 0, 0
-        self.results = collections.deque(maxlen=keep_results)
-        if log_with: self.accelerator.init_trackers("glm_grpo_nb", config={k: v for k, v in cfg.items() if isinstance(v, (int, float, str, bool))})
+        self.results = collections.deque(maxlen=c.keep_results)
+        if log_with:
+            flat = {k: v for k, v in c.to_dict().items() if isinstance(v, (int, float, str, bool))}
+            self.accelerator.init_trackers("glm_grpo_nb", config=flat)
 
     def _default_size(self):
         if self.dataset.size: return self.dataset.size
@@ -199,27 +157,28 @@ class GRPOTrainer:
             with Image.open(t) as im: return im.size
         return 1024, 1024
 
-    def _check_config(self):
-        p = self.policy
-        if self.group_size < 2: raise ValueError(f"GRPOTrainer: group_size must be >= 2 (advantages compare samples of one prompt), got {self.group_size}.")
-        if self.mode not in ("joint", "decoupled"): raise ValueError(f"GRPOTrainer: mode must be 'joint' or 'decoupled', got {self.mode!r}.")
-        if not (self.train_ar or self.train_dit): raise ValueError("GRPOTrainer: train_ar and train_dit are both False; nothing to train.")
-        if self.train_ar and p.ar_peft is None: raise ValueError("GRPOTrainer: train_ar=True but the policy has no AR adapter; load it with ar_lora=, or pass train_ar=False.")
-        if self.train_dit and not p.has_dit_lora: raise ValueError("GRPOTrainer: train_dit=True but the policy has no DiT adapter; load it with dit_lora=, or pass train_dit=False.")
-        if self.height % 32 or self.width % 32: raise ValueError(f"GRPOTrainer: height and width must be multiples of 32, got {self.height}x{self.width}.")
-        if self.optimizer not in ("adamw", "adamw8bit"): raise ValueError(f"GRPOTrainer: optimizer must be 'adamw' or 'adamw8bit', got {self.optimizer!r}.")
-        if self.prompts_per_step < 1: raise ValueError("GRPOTrainer: prompts_per_step must be >= 1.")
+    def _check_policy_and_data(self):
+        c, p = self.config, self.policy
+        if c.train_ar and p.ar_peft is None:
+            raise ValueError("GRPOTrainer: train_ar=True but the policy has no AR adapter; load it with ar_lora=, "
+                             "or pass train_ar=False.")
+        if c.train_dit and not p.has_dit_lora:
+            raise ValueError("GRPOTrainer: train_dit=True but the policy has no DiT adapter; load it with dit_lora=, "
+                             "or pass train_dit=False.")
         if self.dataset.has_sources and len({len(e.sources or []) for e in self.dataset.examples}) != 1:
             raise ValueError("GRPOTrainer: every row of an i2i dataset needs source images.")
         if self.dataset.has_targets and self.dataset.size is None:
             for e in self.dataset.examples:
                 if e.target is None: continue
                 with Image.open(e.target) as im:
-                    if im.size != (self.width, self.height):
-                        raise ValueError(f"GRPOTrainer: target {e.target} is {im.size[0]}x{im.size[1]} but images are generated at "
-                                         f"{self.width}x{self.height}; build the dataset with resize=({self.width}, {self.height}).")
+                    if im.size != (c.width, c.height):
+                        raise ValueError(f"GRPOTrainer: target {e.target} is {im.size[0]}x{im.size[1]} but images are "
+                                         f"generated at {c.width}x{c.height}; build the dataset with "
+                                         f"resize=({c.width}, {c.height}).")
 
-    def __repr__(self): return f"GRPOTrainer(step {self.step_count}, mode={self.mode!r}, G={self.group_size}, {self.width}x{self.height})"
+    def __repr__(self):
+        c = self.config
+        return f"GRPOTrainer(step {self.step_count}, mode={c.mode!r}, G={c.group_size}, {c.width}x{c.height})"
 
 # %% ../nbs/05_trainer.ipynb #30e8bf8b
 def _order(n, seed, epoch):
@@ -227,14 +186,13 @@ def _order(n, seed, epoch):
 
 @patch
 def _batch_indices(self: GRPOTrainer, step: int) -> list[int]:
-    acc, n = self.accelerator, len(self.dataset)
-    P = self.prompts_per_step
+    acc, n, P = self.accelerator, len(self.dataset), self.config.prompts_per_step
     start = step * P * acc.num_processes + acc.process_index * P
-    return [_order(n, self.seed, (start + i) // n)[(start + i) % n] for i in range(P)]
+    return [_order(n, self.config.seed, (start + i) // n)[(start + i) % n] for i in range(P)]
 
 @patch
 def _step_seed(self: GRPOTrainer, step: int, salt: int = 0) -> int:
-    return (self.seed * 1_000_003 + step * 7919 + self.accelerator.process_index * 104_729 + salt) % (2 ** 31)
+    return (self.config.seed * 1_000_003 + step * 7919 + self.accelerator.process_index * 104_729 + salt) % (2 ** 31)
 
 # %% ../nbs/05_trainer.ipynb #1021385a
 def _columns(dataset: PromptDataset, idx):
@@ -245,47 +203,46 @@ def _columns(dataset: PromptDataset, idx):
     sources = [r["sources"] for r in rows] if dataset.has_sources else None
     return prompts, targets, sources
 
-@patch
-def _rows_data(self: GRPOTrainer, idx): return _columns(self.dataset, idx)
-
 def _repeat(xs, G):
     "Each element G times in a row (prompt-major), None stays None."
     return None if xs is None else [x for x in xs for _ in range(G)]
 
+@contextlib.contextmanager
+def _timed(seconds: dict, name: str):
+    "Add the seconds spent in the block to `seconds[name]`."
+    start = time.perf_counter()
+    try: yield
+    finally: seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+
+# %% ../nbs/05_trainer.ipynb #8c0f1a04
 @patch
 def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | None = None, seed: int | None = None) -> Sample:
-    "Sample, decode and score `group_size` images per prompt (no gradients); seeds derive from `step` unless `seed` is given."
+    "Sample tokens, sample latents, decode, score: `group_size` images per prompt (no gradients)."
+    c, pol, G, sec = self.config, self.policy, self.config.group_size, {}
     step = self.step_count if step is None else step
-    pol, G, sec = self.policy, self.group_size, {}
     seed_of = (lambda salt=0: self._step_seed(step, salt)) if seed is None else (lambda salt=0: seed + salt)
-    t = time.perf_counter()
-    roll = pol.sample_tokens(prompts, G, self.height, self.width, images=sources, temperature=self.temperature,
-                             top_k=self.top_k, top_p=self.top_p, seed=seed_of())
-    sec["sample_ar"] = time.perf_counter() - t
-    dit_kw = dict(num_steps=self.num_steps, sde_type=self.sde_type, sde_window=self.sde_window, guidance_scale=self.guidance_scale)
     ps, ts, ss = _repeat(prompts, G), _repeat(targets, G), _repeat(sources, G)
     score = lambda reward_fn, images: evaluate_reward(reward_fn, images, ps, ts, ss, group_size=G)
-    if self.mode == "joint":
-        t = time.perf_counter()
-        traj = pol.sample_latents(roll, noise_level=self.noise_level, seed=seed_of(1), **dit_kw)
-        sec["sample_dit"] = time.perf_counter() - t
-        t = time.perf_counter(); images = pol.decode(traj); sec["decode"] = time.perf_counter() - t
-        t = time.perf_counter(); reward = score(self.reward_fn, images); sec["reward"] = time.perf_counter() - t
+    latent_kw = dict(num_steps=c.num_steps, sde_type=c.sde_type, sde_window=c.sde_window, guidance_scale=c.guidance_scale)
+    with _timed(sec, "sample_ar"):
+        roll = pol.sample_tokens(prompts, G, c.height, c.width, images=sources, temperature=c.temperature,
+                                 top_k=c.top_k, top_p=c.top_p, seed=seed_of())
+    if c.mode == "joint":
+        with _timed(sec, "sample_dit"): traj = pol.sample_latents(roll, noise_level=c.noise_level, seed=seed_of(1), **latent_kw)
+        with _timed(sec, "decode"): images = pol.decode(traj)
+        with _timed(sec, "reward"): reward = score(self.reward_fn, images)
         return Sample(ps, ts, ss, G, roll, traj, images, reward, seconds=sec)
     # decoupled: the AR group shares one noise per prompt and ODE steps; the DiT group shares one token sequence
-    t = time.perf_counter()
-    shape = (len(prompts), pol.transformer.config.in_channels, self.height // pol.pipeline.vae_scale_factor,
-             self.width // pol.pipeline.vae_scale_factor)
-    noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed_of(2))).repeat_interleave(G, 0)
-    traj_ar = pol.sample_latents(roll, noise_level=0.0, initial_noise=noise, **dit_kw)
-    roll_dit = _regroup(roll.select([i * G for i in range(len(prompts)) for _ in range(G)]), G)
-    traj = pol.sample_latents(roll_dit, noise_level=self.noise_level, seed=seed_of(1), **dit_kw)
-    sec["sample_dit"] = time.perf_counter() - t
-    t = time.perf_counter(); images, dit_images = pol.decode(traj_ar), pol.decode(traj); sec["decode"] = time.perf_counter() - t
-    t = time.perf_counter()
-    reward = score(self.ar_reward_fn or self.reward_fn, images)
-    dit_reward = score(self.dit_reward_fn or self.reward_fn, dit_images)
-    sec["reward"] = time.perf_counter() - t
+    with _timed(sec, "sample_dit"):
+        vsf = pol.pipeline.vae_scale_factor
+        shape = (len(prompts), pol.transformer.config.in_channels, c.height // vsf, c.width // vsf)
+        noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed_of(2))).repeat_interleave(G, 0)
+        traj_ar = pol.sample_latents(roll, noise_level=0.0, initial_noise=noise, **latent_kw)
+        firsts = roll.select([i * G for i in range(len(prompts)) for _ in range(G)]).regroup(G)
+        traj = pol.sample_latents(firsts, noise_level=c.noise_level, seed=seed_of(1), **latent_kw)
+    with _timed(sec, "decode"): images, dit_images = pol.decode(traj_ar), pol.decode(traj)
+    with _timed(sec, "reward"):
+        reward, dit_reward = score(self.ar_reward_fn, images), score(self.dit_reward_fn, dit_images)
     return Sample(ps, ts, ss, G, roll, traj, images, reward, dit_images, dit_reward, seconds=sec)
 
 # %% ../nbs/05_trainer.ipynb #809cff2d
@@ -294,7 +251,7 @@ def _global_advantages(self: GRPOTrainer, rewards: torch.Tensor):
     acc = self.accelerator
     local = rewards.to(acc.device)
     full = acc.gather(local).cpu() if acc.num_processes > 1 else local.cpu()
-    adv, stats = group_advantages(full, self.group_size, scale=self.advantage_scale)
+    adv, stats = group_advantages(full, self.config.group_size, scale=self.config.advantage_scale)
     n = rewards.shape[0]
     return adv[acc.process_index * n:(acc.process_index + 1) * n], stats, full
 
@@ -315,47 +272,50 @@ def _everywhere(self: GRPOTrainer, ok: bool) -> bool:
 
 @patch
 def _micro_batches(self: GRPOTrainer, n):
-    mb = self.micro_batch_size or n
+    mb = n if self.config.micro_batch_size is None else self.config.micro_batch_size
     return [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
 
 @patch
 def _ar_loss(self: GRPOTrainer, roll, adv, ref_lp):
-    lp = self.policy.token_logprobs(roll)
+    c, lp = self.config, self.policy.token_logprobs(roll)
     mask = roll.completion_mask.to(lp.device)
     loss, m = clipped_surrogate(lp, roll.logprobs.to(lp.device), adv.to(lp.device), mask=mask,
-                                clip_range=self.clip_range, clip_range_high=self.clip_range_high, aggregation=self.aggregation)
+                                clip_range=c.clip_range, clip_range_high=c.clip_range_high, aggregation=c.aggregation)
     if ref_lp is not None:
-        kl = aggregate(kl_k3(lp, ref_lp.to(lp.device), mask), mask, self.aggregation)
-        loss, m["kl"] = loss + self.kl_coef * kl, kl.item()
+        kl = aggregate(kl_k3(lp, ref_lp.to(lp.device), mask), mask, c.aggregation)
+        loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
     return loss, m
 
 @patch
 def _dit_loss(self: GRPOTrainer, traj, adv, ref_means):
-    kl_on = ref_means is not None
+    c, kl_on = self.config, ref_means is not None
     out = self.policy.latent_logprobs(traj, return_means=kl_on)
     lp, means = out if kl_on else (out, None)
     mask = traj.stochastic[None].expand(lp.shape[0], -1).to(lp.device)
-    loss, m = clipped_surrogate(lp, traj.logprobs.to(lp.device), adv.to(lp.device), mask=mask, clip_range=self.clip_range,
-                                clip_range_high=self.clip_range_high, aggregation=self.aggregation)
+    loss, m = clipped_surrogate(lp, traj.logprobs.to(lp.device), adv.to(lp.device), mask=mask, clip_range=c.clip_range,
+                                clip_range_high=c.clip_range_high, aggregation=c.aggregation)
     if kl_on:
         kl = gaussian_kl(means, ref_means.to(means.device), traj.step_std[traj.stochastic].to(means.device)).mean()
-        loss, m["kl"] = loss + self.kl_coef * kl, kl.item()
+        loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
     return loss, m
 
 # %% ../nbs/05_trainer.ipynb #6797dc03
 @patch
 def _references(self: GRPOTrainer, s: Sample):
     "Reference (adapters off) log-probs / step means, once per step, only when a KL term is used."
-    if self.kl_coef <= 0: return None, None
+    c = self.config
+    if c.kl_coef <= 0: return None, None
     with torch.no_grad(), self.policy.reference():
-        ref_lp = self.policy.token_logprobs(s.rollout, micro_batch_size=self.micro_batch_size).cpu() if self.train_ar else None
-        ref_means = (self.policy.latent_logprobs(s.trajectory, micro_batch_size=self.micro_batch_size, return_means=True)[1].cpu()
-                     if self.train_dit and s.trajectory.stochastic.any() else None)
+        ref_lp = self.policy.token_logprobs(s.rollout, micro_batch_size=c.micro_batch_size).cpu() if c.train_ar else None
+        ref_means = (self.policy.latent_logprobs(s.trajectory, micro_batch_size=c.micro_batch_size, return_means=True)[1].cpu()
+                     if c.train_dit and s.trajectory.stochastic.any() else None)
     return ref_lp, ref_means
 
 @patch
-def update(self: GRPOTrainer, s: Sample) -> dict:
+def update(self: GRPOTrainer, s: Sample) -> tuple[dict, torch.Tensor, torch.Tensor, dict]:
     "One GRPO update from a Sample: advantages, clipped surrogate (+ KL), `num_inner_epochs` optimiser steps."
+    # returns (metrics, advantages, DiT advantages, seconds per half)
+    c = self.config
     adv, stats, _ = self._global_advantages(s.reward.total)
     dit_adv = self._global_advantages(s.dit_reward.total)[0] if s.dit_reward is not None else adv
     metrics = {"reward_mean": stats["reward_mean"], "reward_std": stats["reward_std"], "zero_std_fraction": stats["zero_std_fraction"]}
@@ -364,31 +324,30 @@ def update(self: GRPOTrainer, s: Sample) -> dict:
     if s.dit_reward is not None: metrics["dit_reward_mean"] = s.dit_reward.total.mean().item()
     ref_lp, ref_means = self._references(s)
     n, sec, skipped = len(s.prompts), {"update_ar": 0.0, "update_dit": 0.0}, False
-    train_dit = self.train_dit and bool(s.trajectory.stochastic.any())
-    for epoch in range(self.num_inner_epochs):
+    train_dit = c.train_dit and bool(s.trajectory.stochastic.any())
+    for epoch in range(c.num_inner_epochs):
         self.optimizer.zero_grad(set_to_none=True)
         finite, agg = True, {}
         for rows in self._micro_batches(n):
             w = len(rows) / n
             for half, on, fn, data, a, ref in (
-                ("ar", self.train_ar, self._ar_loss, s.rollout, adv, ref_lp),
+                ("ar", c.train_ar, self._ar_loss, s.rollout, adv, ref_lp),
                 ("dit", train_dit, self._dit_loss, s.trajectory, dit_adv, ref_means)):
                 if not on: continue
-                t = time.perf_counter()
-                loss, m = fn(data.select(rows), a[rows], None if ref is None else ref[rows])
-                if not torch.isfinite(loss): finite = False
-                else: (loss * w).backward()
-                sec[f"update_{half}"] += time.perf_counter() - t
+                with _timed(sec, f"update_{half}"):
+                    loss, m = fn(data.select(rows), a[rows], None if ref is None else ref[rows])
+                    if not torch.isfinite(loss): finite = False
+                    else: (loss * w).backward()
                 for k, v in [("loss", loss.item())] + list(m.items()):
                     key = f"{half}/{k}"
                     if k.endswith("_min"): agg[key] = min(agg.get(key, v), v)
                     elif k.endswith("_max"): agg[key] = max(agg.get(key, v), v)
                     else: agg[key] = agg.get(key, 0.0) + w * v
         norms = {}
-        for half, params, on in (("ar", self.ar_params, self.train_ar), ("dit", self.dit_params, train_dit)):
+        for half, params, on in (("ar", self.ar_params, c.train_ar), ("dit", self.dit_params, train_dit)):
             if not on: continue
             self._reduce_grads(params)
-            norms[half] = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm).item()
+            norms[half] = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm).item()
             agg[f"{half}/grad_norm"] = norms[half]
         if self._everywhere(finite and all(math.isfinite(v) for v in norms.values())):
             self.optimizer.step()
@@ -404,7 +363,7 @@ def update(self: GRPOTrainer, s: Sample) -> dict:
 def step(self: GRPOTrainer) -> StepResult:
     "One GRPO step: sample, score, advantages, update. Returns what happened."
     idx = self._batch_indices(self.step_count)
-    prompts, targets, sources = self._rows_data(idx)
+    prompts, targets, sources = _columns(self.dataset, idx)
     s, error = None, None
     try: s = self.sample(prompts, targets, sources)
     except NonFiniteRewardError as e: error = e
@@ -416,7 +375,7 @@ def step(self: GRPOTrainer) -> StepResult:
         self._count_skip("the loss or a gradient was not finite")
     else: self.consecutive_skips = 0
     res = StepResult(step=self.step_count, prompts=s.prompts, images=s.images, targets=s.targets, sources=s.sources,
-                     group_size=self.group_size, rewards=s.reward.total, reward_components=s.reward.components,
+                     group_size=self.config.group_size, rewards=s.reward.total, reward_components=s.reward.components,
                      advantages=adv, metrics=metrics, seconds=seconds, skipped=bool(metrics["skipped"]),
                      dit_images=s.dit_images, dit_rewards=None if s.dit_reward is None else s.dit_reward.total,
                      dit_advantages=None if s.dit_reward is None else dit_adv)
@@ -429,7 +388,7 @@ def step(self: GRPOTrainer) -> StepResult:
 def _count_skip(self: GRPOTrainer, why):
     self.consecutive_skips += 1; self.skipped_total += 1
     warnings.warn(f"GRPO step {self.step_count}: update skipped, {why}; weights and optimiser state are untouched.")
-    if self.consecutive_skips > self.max_consecutive_skips:
+    if self.consecutive_skips > self.config.max_consecutive_skips:
         raise RuntimeError(f"{self.consecutive_skips} GRPO updates in a row were skipped ({why}). Likely causes: a "
                            "learning rate too high for the adapters, a reward that returns NaN/inf for some images, or "
                            "half-precision overflow (try torch_dtype=torch.bfloat16 or float32).")
@@ -437,8 +396,8 @@ def _count_skip(self: GRPOTrainer, why):
 @patch
 def _skip(self: GRPOTrainer, error, prompts):
     self._count_skip(str(error))
-    res = StepResult(step=self.step_count, prompts=[p for p in prompts for _ in range(self.group_size)], images=[], targets=None,
-                     sources=None, group_size=self.group_size, rewards=torch.zeros(0), reward_components={},
+    G = self.config.group_size
+    res = StepResult(step=self.step_count, prompts=_repeat(prompts, G), images=[], targets=None, sources=None, group_size=G, rewards=torch.zeros(0), reward_components={},
                      advantages=torch.zeros(0), metrics={"skipped": 1.0}, seconds={}, skipped=True)
     self._log(res)
     self.step_count += 1
@@ -460,6 +419,7 @@ def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True,
     "Run `num_steps` GRPO steps; returns their metrics. `callback(trainer, step_result)` runs after each step."
     from glm_grpo_nb.widgets import LivePlot, in_notebook
     if num_steps < 0: raise ValueError(f"fit: num_steps must be >= 0, got {num_steps}.")
+    c = self.config
     start, main = len(self.history), self.accelerator.is_main_process
     show = progress and main
     notebook = in_notebook()
@@ -475,10 +435,10 @@ def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True,
             tqdm.write(f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}, "
                        f"approx KL {kl:.2e}, clip {m.get('ar/clip_fraction', 0.0) + m.get('dit/clip_fraction', 0.0):.3f}, "
                        f"{sum(res.seconds.values()):.2f} s")
-        if self.eval_every and self.eval_dataset is not None and self.step_count % self.eval_every == 0:
+        if c.eval_every and self.eval_dataset is not None and self.step_count % c.eval_every == 0:
             ev = self.evaluate()
             self.history[-1].update({f"eval/{k}": v for k, v in ev.items()})
-        if self.save_every and self.output_dir is not None and self.step_count % self.save_every == 0:
+        if c.save_every and self.output_dir is not None and self.step_count % c.save_every == 0:
             self.save()
         if callback is not None: callback(self, res)
     return self.history[start:]
@@ -489,10 +449,12 @@ def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, fl
     data = _as_dataset(prompts) if prompts is not None else self.eval_dataset
     if data is None: raise ValueError("evaluate: no prompts; pass eval_prompts= to the trainer or prompts= here.")
     ps, targets, sources = _columns(data, range(len(data)))
+    c = self.config
     with torch.no_grad():
-        roll = self.policy.sample_tokens(ps, 1, self.height, self.width, images=sources, temperature=self.temperature,
-                                         top_k=self.top_k, top_p=self.top_p, seed=seed)
-        traj = self.policy.sample_latents(roll, num_steps=self.num_steps, noise_level=0.0, guidance_scale=self.guidance_scale, seed=seed)
+        roll = self.policy.sample_tokens(ps, 1, c.height, c.width, images=sources, temperature=c.temperature,
+                                         top_k=c.top_k, top_p=c.top_p, seed=seed)
+        traj = self.policy.sample_latents(roll, num_steps=c.num_steps, noise_level=0.0, guidance_scale=c.guidance_scale,
+                                          seed=seed)
         out = evaluate_reward(self.reward_fn, self.policy.decode(traj), ps, targets, sources, normalize=False)
     res = {"reward": out.total.mean().item(), **{k: v.mean().item() for k, v in out.components.items()}}
     return res
@@ -516,13 +478,13 @@ def save(self: GRPOTrainer, directory: str | Path | None = None) -> Path | None:
             self.policy.save_adapters(tmp / "adapters")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             state = {"step": self.step_count, "history": self.history, "consecutive_skips": self.consecutive_skips,
-                     "skipped_total": self.skipped_total, "config": self.config,
+                     "skipped_total": self.skipped_total, "config": self.config.to_dict(),
                      "rng": {"torch": torch.get_rng_state().tolist(), "python": list(random.getstate()[1]),
                              "python_pos": random.getstate()[2], "numpy": np.random.get_state()[1].tolist(),
                              "numpy_pos": int(np.random.get_state()[2])}}
             (tmp / "trainer_state.json").write_text(json.dumps(state))
         if self.output_dir is not None and directory.parent == self.output_dir / "checkpoints":
-            for old in _checkpoints(directory.parent)[:-self.keep_checkpoints]: shutil.rmtree(old, ignore_errors=True)
+            for old in _checkpoints(directory.parent)[:-self.config.keep_checkpoints]: shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return directory
 
@@ -538,9 +500,8 @@ def resume(cls: GRPOTrainer, directory: str | Path, policy: GlmImagePolicy, rewa
     "A trainer continuing exactly from a checkpoint (or the latest one in an output_dir); `overrides` change settings."
     ckpt = _resolve_checkpoint(directory)
     state = json.loads((ckpt / "trainer_state.json").read_text())
-    cfg = {**state["config"], **overrides}
-    if "output_dir" not in cfg and ckpt.parent.name == "checkpoints": cfg["output_dir"] = ckpt.parent.parent
-    trainer = cls(policy, reward_fn, dataset, **cfg)
+    if "output_dir" not in overrides and ckpt.parent.name == "checkpoints": overrides["output_dir"] = ckpt.parent.parent
+    trainer = cls(policy, reward_fn, dataset, config=GRPOConfig(**state["config"]), **overrides)
     policy.load_adapters(ckpt / "adapters")
     trainer.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
     trainer.step_count, trainer.history = state["step"], state["history"]

@@ -13,7 +13,7 @@ import ipywidgets as widgets
 from PIL import Image
 
 # %% auto #0
-__all__ = ['advantage_bar', 'show_group', 'show_history', 'in_notebook', 'plot_history', 'LivePlot']
+__all__ = ['advantage_bar', 'show_group', 'plot_group', 'show_history', 'in_notebook', 'plot_history', 'LivePlot']
 
 # %% ../nbs/06_widgets.ipynb #b898f36b
 def _png(im: Image.Image, size: int) -> bytes:
@@ -76,6 +76,25 @@ def show_group(res, sort: bool = False, size: int = 128) -> widgets.VBox:
         rows += _group_rows(res.prompts, res.dit_images, res.dit_rewards, {}, res.dit_advantages, res.group_size,
                             res.sources, res.targets, sort, size, "DiT group (one token sequence, SDE noise)")
     return widgets.VBox([head] + rows)
+
+# %% ../nbs/06_widgets.ipynb #3d9e0002
+def plot_group(res, sort: bool = False, size: float = 1.3, max_groups: int | None = None, title: str | None = None):
+    "A matplotlib figure of a StepResult's groups: each image with its reward and advantage."
+    import matplotlib.pyplot as plt
+    G = res.group_size
+    groups = len(res.images) // G if max_groups is None else min(max_groups, len(res.images) // G)
+    fig, axes = plt.subplots(groups, G, figsize=(size * G, size * groups + 0.5), squeeze=False)
+    for g in range(groups):
+        idx = sorted(range(g * G, (g + 1) * G), key=lambda i: -float(res.rewards[i])) if sort else range(g * G, (g + 1) * G)
+        for col, i in enumerate(idx):
+            ax, a = axes[g][col], float(res.advantages[i])
+            ax.imshow(res.images[i]); ax.set_xticks([]); ax.set_yticks([])
+            colour = "#2e7d32" if a > 1e-6 else "#c62828" if a < -1e-6 else "#616161"
+            ax.set_title(f"r {float(res.rewards[i]):.3f}\nA {a:+.2f}", fontsize=7, color=colour)
+        axes[g][0].set_ylabel(res.prompts[g * G][:24], fontsize=7)
+    fig.suptitle(title or f"step {res.step}: reward mean {float(res.rewards.mean()):.3f}", fontsize=8)
+    fig.tight_layout()
+    return fig
 
 # %% ../nbs/06_widgets.ipynb #64ecaf90
 def show_history(trainer, sort: bool = False, size: int = 96) -> widgets.VBox:

@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 
 from glm_grpo_nb.rewards import RednessReward
 from glm_grpo_nb.trainer import GRPOTrainer
-from glm_grpo_nb.wrapper import GlmImagePolicy
+from glm_grpo_nb.policy import GlmImagePolicy
 
 PROMPTS = ["a red square on a blue background", "a green field", "a gradient from yellow to navy", "a 'HI' sign"]
 
@@ -22,7 +22,7 @@ if __name__ == "__main__":
                           num_steps=4, sde_window=(0, 2), lr=1e-3, advantage_scale="batch", kl_coef=0.05,
                           micro_batch_size=3, accelerator=acc)
     full = trainer.sample(PROMPTS, seed=1234)          # the same global batch on every process
-    G = trainer.group_size
+    G = trainer.config.group_size
     mine = full.select(range(acc.process_index * n_local * G, (acc.process_index + 1) * n_local * G))
     metrics, *_ = trainer.update(mine)
     assert not metrics["skipped"]

@@ -4,7 +4,7 @@ import pytest
 
 from glm_grpo_nb.rewards import RednessReward
 from glm_grpo_nb.trainer import GRPOTrainer
-from glm_grpo_nb.wrapper import GlmImagePolicy
+from glm_grpo_nb.policy import GlmImagePolicy
 
 PROMPTS = ["a blue square on a white background", "a green circle on a gray background", "a gradient from navy to teal",
            "the word 'OK' in white on blue", "green on the left, black on the right", "a cyan field"]

@@ -1,4 +1,4 @@
-"Shared helper of the benchmark scripts in tests/ (run them with python tests/bench_*.py)."
+"Shared helper of the benchmark scripts in bench/ (run them from the repository root: python -m bench.NAME)."
 import statistics
 import time
 

@@ -1,13 +1,13 @@
 """Benchmark: AR group sampling on the tiny GLM-Image (G = 8), batched vs sequential, and recompute vs sampling.
-Run: python tests/bench_ar.py"""
+Run from the repository root: python -m bench.ar"""
 import tempfile
 from pathlib import Path
 
 import torch
 
-from _bench import timed
+from bench._bench import timed
 from glm_grpo_nb.tiny import make_tiny_glm_image
-from glm_grpo_nb.wrapper import GlmImagePolicy
+from glm_grpo_nb.policy import GlmImagePolicy
 
 
 if __name__ == "__main__":

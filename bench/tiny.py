@@ -1,4 +1,4 @@
-"Benchmark: build time and disk size of the tiny GLM-Image, and one stock-pipeline generation. Run: python tests/bench_tiny.py"
+"Benchmark: build time and disk size of the tiny GLM-Image, and one stock-pipeline generation. Run from the repository root: python -m bench.tiny"
 import tempfile
 import time
 from pathlib import Path

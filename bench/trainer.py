@@ -1,5 +1,5 @@
 """Benchmark: per-phase time of one GRPO step on the tiny GLM-Image (joint and decoupled).
-Run: python tests/bench_trainer.py"""
+Run from the repository root: python -m bench.trainer"""
 import tempfile
 from pathlib import Path
 
@@ -8,7 +8,7 @@ import torch
 from glm_grpo_nb.rewards import RednessReward
 from glm_grpo_nb.tiny import make_tiny_glm_image
 from glm_grpo_nb.trainer import GRPOTrainer
-from glm_grpo_nb.wrapper import GlmImagePolicy
+from glm_grpo_nb.policy import GlmImagePolicy
 
 PHASES = ["sample_ar", "sample_dit", "decode", "reward", "update_ar", "update_dit"]
 

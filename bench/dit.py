@@ -1,13 +1,13 @@
 """Benchmark: Flow-GRPO DiT steps on the tiny GLM-Image. Per-step forward and forward+backward time, update time for a
-window of k of S stochastic steps, guidance on vs off. Run: python tests/bench_dit.py"""
+window of k of S stochastic steps, guidance on vs off. Run from the repository root: python -m bench.dit"""
 import tempfile
 from pathlib import Path
 
 import torch
 
-from _bench import timed
+from bench._bench import timed
 from glm_grpo_nb.tiny import make_tiny_glm_image
-from glm_grpo_nb.wrapper import GlmImagePolicy
+from glm_grpo_nb.policy import GlmImagePolicy
 
 
 if __name__ == "__main__":
