@@ -95,8 +95,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'glm_grpo_nb.policy': { 'glm_grpo_nb.policy.GlmImagePolicy': ('policy.html#glmimagepolicy', 'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy.GlmImagePolicy.__init__': ( 'policy.html#glmimagepolicy.__init__',
                                                                                     'glm_grpo_nb/policy.py'),
-                                    'glm_grpo_nb.policy.GlmImagePolicy._schedule': ( 'policy.html#glmimagepolicy._schedule',
-                                                                                     'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy.GlmImagePolicy.ar': ('policy.html#glmimagepolicy.ar', 'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy.GlmImagePolicy.device': ( 'policy.html#glmimagepolicy.device',
                                                                                   'glm_grpo_nb/policy.py'),

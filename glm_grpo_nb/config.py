@@ -38,7 +38,8 @@ class GRPOConfig:
     # what trains, and how
     train_ar: bool = setting(True, "update the AR adapters")
     train_dit: bool = setting(True, "update the DiT adapters")
-    mode: str = setting("joint", "joint: one group for both halves; decoupled: a group per half", ("joint", "decoupled"))
+    mode: str = setting("joint", "joint: one group for both halves; decoupled: a group per half",
+                        ("joint", "decoupled"))
     lr: float = setting(1e-4, "learning rate of both halves unless ar_lr / dit_lr are given")
     ar_lr: float | None = setting(None, "learning rate of the AR adapters (default: lr)")
     dit_lr: float | None = setting(None, "learning rate of the DiT adapters (default: lr)")

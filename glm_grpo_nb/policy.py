@@ -220,17 +220,6 @@ def pipeline(self: GlmImagePolicy) -> GlmImagePipeline:
         self._pipeline.set_progress_bar_config(disable=True)
     return self._pipeline
 
-@patch
-def _schedule(self: GlmImagePolicy, num_steps, height, width):
-    "The pipeline's timesteps and sigmas for this resolution."
-    pipe, sch = self.pipeline, self.scheduler
-    seq_len = (height // pipe.vae_scale_factor) * (width // pipe.vae_scale_factor) // self.transformer.config.patch_size ** 2
-    ts = np.linspace(sch.config.num_train_timesteps, 1.0, num_steps + 1)[:-1].astype(np.int64).astype(np.float32)
-    mu = calculate_shift(seq_len, sch.config.get("base_image_seq_len", 256), sch.config.get("base_shift", 0.25),
-                         sch.config.get("max_shift", 0.75))
-    timesteps, _ = retrieve_timesteps(sch, num_steps, "cpu", ts, ts / sch.config.num_train_timesteps, mu=mu)
-    return timesteps.float().cpu(), sch.sigmas.float().cpu()
-
 # %% ../nbs/02_policy.ipynb #3dddf7a8
 def apply_adapters(pipe: GlmImagePipeline, directory: str | Path) -> GlmImagePipeline:
     "Load adapters written by `GlmImagePolicy.save_adapters` into a stock GlmImagePipeline (in place)."

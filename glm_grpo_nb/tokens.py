@@ -293,9 +293,9 @@ def _rollout(self: GlmImagePolicy, prompts, G, layout, height, width, ids, mask,
     logprobs = torch.cat([logprobs, torch.zeros(N, 1)], dim=1)
     return TokenRollout(prompts=prompts, group_size=G, height=height, width=width, input_ids=ids, attention_mask=mask,
                         image_grid_thw=grids, images_per_sample=per_sample, sequences=sequences,
-                        completion_mask=completion_mask, logprobs=logprobs,
-                        prior_token_ids=layout.prior(grid_tokens), grid=layout.grid, preview_grid=layout.preview, temperature=temperature, top_k=top_k, top_p=top_p, images=images,
-                        source_token_ids=source_ids, source_grid_thw=source_grids)
+                        completion_mask=completion_mask, logprobs=logprobs, prior_token_ids=layout.prior(grid_tokens),
+                        grid=layout.grid, preview_grid=layout.preview, temperature=temperature, top_k=top_k, top_p=top_p,
+                        images=images, source_token_ids=source_ids, source_grid_thw=source_grids)
 
 # %% ../nbs/02a_tokens.ipynb #6bf77847
 @patch

@@ -132,14 +132,16 @@ class GRPOTrainer:
             c = c.replace(height=c.height or h, width=c.width or w)
         self.config = c
         self._check_policy_and_data()
-        self.accelerator = accelerator or Accelerator(log_with=log_with, project_dir=str(output_dir) if output_dir else None)
+        project_dir = str(output_dir) if output_dir else None
+        self.accelerator = accelerator or Accelerator(log_with=log_with, project_dir=project_dir)
         self.output_dir = Path(output_dir) if output_dir else None
         named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
         self.ar_params = [p for n, p in named if n.startswith("vision_language_encoder.")]
         self.dit_params = [p for n, p in named if n.startswith("transformer.")]
+        lr_of = lambda half_lr: c.lr if half_lr is None else half_lr   # 0.0 is a learning rate, not "unset"
         groups = []
-        if c.train_ar: groups.append({"params": self.ar_params, "lr": c.lr if c.ar_lr is None else c.ar_lr, "name": "ar"})
-        if c.train_dit: groups.append({"params": self.dit_params, "lr": c.lr if c.dit_lr is None else c.dit_lr, "name": "dit"})
+        if c.train_ar: groups.append({"params": self.ar_params, "lr": lr_of(c.ar_lr), "name": "ar"})
+        if c.train_dit: groups.append({"params": self.dit_params, "lr": lr_of(c.dit_lr), "name": "dit"})
         if c.optimizer == "adamw": self.optimizer = torch.optim.AdamW(groups, weight_decay=c.weight_decay)
         else:
             import bitsandbytes as bnb
@@ -216,19 +218,22 @@ def _timed(seconds: dict, name: str):
 
 # %% ../nbs/05_trainer.ipynb #8c0f1a04
 @patch
-def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | None = None, seed: int | None = None) -> Sample:
+def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | None = None,
+           seed: int | None = None) -> Sample:
     "Sample tokens, sample latents, decode, score: `group_size` images per prompt (no gradients)."
     c, pol, G, sec = self.config, self.policy, self.config.group_size, {}
     step = self.step_count if step is None else step
     seed_of = (lambda salt=0: self._step_seed(step, salt)) if seed is None else (lambda salt=0: seed + salt)
     ps, ts, ss = _repeat(prompts, G), _repeat(targets, G), _repeat(sources, G)
     score = lambda reward_fn, images: evaluate_reward(reward_fn, images, ps, ts, ss, group_size=G)
-    latent_kw = dict(num_steps=c.num_steps, sde_type=c.sde_type, sde_window=c.sde_window, guidance_scale=c.guidance_scale)
+    latent_kw = dict(num_steps=c.num_steps, sde_type=c.sde_type, sde_window=c.sde_window,
+                     guidance_scale=c.guidance_scale)
     with _timed(sec, "sample_ar"):
         roll = pol.sample_tokens(prompts, G, c.height, c.width, images=sources, temperature=c.temperature,
                                  top_k=c.top_k, top_p=c.top_p, seed=seed_of())
     if c.mode == "joint":
-        with _timed(sec, "sample_dit"): traj = pol.sample_latents(roll, noise_level=c.noise_level, seed=seed_of(1), **latent_kw)
+        with _timed(sec, "sample_dit"):
+            traj = pol.sample_latents(roll, noise_level=c.noise_level, seed=seed_of(1), **latent_kw)
         with _timed(sec, "decode"): images = pol.decode(traj)
         with _timed(sec, "reward"): reward = score(self.reward_fn, images)
         return Sample(ps, ts, ss, G, roll, traj, images, reward, seconds=sec)
@@ -397,7 +402,8 @@ def _count_skip(self: GRPOTrainer, why):
 def _skip(self: GRPOTrainer, error, prompts):
     self._count_skip(str(error))
     G = self.config.group_size
-    res = StepResult(step=self.step_count, prompts=_repeat(prompts, G), images=[], targets=None, sources=None, group_size=G, rewards=torch.zeros(0), reward_components={},
+    res = StepResult(step=self.step_count, prompts=_repeat(prompts, G), images=[], targets=None, sources=None,
+                     group_size=G, rewards=torch.zeros(0), reward_components={},
                      advantages=torch.zeros(0), metrics={"skipped": 1.0}, seconds={}, skipped=True)
     self._log(res)
     self.step_count += 1
