@@ -38,3 +38,21 @@ def test_plain_script_uses_the_package(tmp_path):
                        env=clean_env(), cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().endswith("OK")
+
+
+def test_policy_has_all_its_methods_whichever_module_comes_first():
+    "The stage modules add their methods to GlmImagePolicy; importing any one module first must bring all of them."
+    methods = ["from_pretrained", "reference", "save_adapters", "sample_tokens", "token_logprobs", "rollout_from_tokens",
+               "sample_latents", "latent_logprobs", "decode"]
+    for first in ("glm_grpo_nb.policy", "glm_grpo_nb.tokens", "glm_grpo_nb.flow", "glm_grpo_nb.trainer"):
+        code = (f"import {first}\nfrom glm_grpo_nb.policy import GlmImagePolicy\n"
+                f"missing = [m for m in {methods!r} if not hasattr(GlmImagePolicy, m)]\nassert not missing, missing")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=300)
+        assert out.returncode == 0, f"importing {first} first:\n{out.stderr[-2000:]}"
+
+
+def test_package_import_stays_light():
+    "The command line imports the package before anything else; that must not load torch."
+    out = subprocess.run([sys.executable, "-c", "import sys, glm_grpo_nb.cli, glm_grpo_nb.config; print('torch' in sys.modules)"],
+                         capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
