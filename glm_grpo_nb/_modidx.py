@@ -329,6 +329,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'glm_grpo_nb.widgets._label': ('widgets.html#_label', 'glm_grpo_nb/widgets.py'),
                                      'glm_grpo_nb.widgets._png': ('widgets.html#_png', 'glm_grpo_nb/widgets.py'),
                                      'glm_grpo_nb.widgets.advantage_bar': ('widgets.html#advantage_bar', 'glm_grpo_nb/widgets.py'),
+                                     'glm_grpo_nb.widgets.advantage_colour': ('widgets.html#advantage_colour', 'glm_grpo_nb/widgets.py'),
                                      'glm_grpo_nb.widgets.in_notebook': ('widgets.html#in_notebook', 'glm_grpo_nb/widgets.py'),
                                      'glm_grpo_nb.widgets.plot_group': ('widgets.html#plot_group', 'glm_grpo_nb/widgets.py'),
                                      'glm_grpo_nb.widgets.plot_history': ('widgets.html#plot_history', 'glm_grpo_nb/widgets.py'),

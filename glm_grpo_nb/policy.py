@@ -21,7 +21,7 @@ from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GlmImageForConditio
                           T5EncoderModel)
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel
 
-from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, DIT_LORA_TARGETS_FF, atomic_folder, resolve_model
+from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, atomic_folder, resolve_model
 
 # %% auto #0
 __all__ = ['quantize_dit_4bit', 'GlmImagePolicy', 'apply_adapters']

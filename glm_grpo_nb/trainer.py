@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import json
 import math
 import random
@@ -129,7 +128,7 @@ class GRPOTrainer:
         c = (config or GRPOConfig()).replace(**settings)
         if c.height is None or c.width is None:
             w, h = self._default_size()
-            c = c.replace(height=c.height or h, width=c.width or w)
+            c = c.replace(height=h if c.height is None else c.height, width=w if c.width is None else c.width)
         self.config = c
         self._check_policy_and_data()
         project_dir = str(output_dir) if output_dir else None

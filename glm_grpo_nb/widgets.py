@@ -13,7 +13,8 @@ import ipywidgets as widgets
 from PIL import Image
 
 # %% auto #0
-__all__ = ['advantage_bar', 'show_group', 'plot_group', 'show_history', 'in_notebook', 'plot_history', 'LivePlot']
+__all__ = ['advantage_colour', 'advantage_bar', 'show_group', 'plot_group', 'show_history', 'in_notebook', 'plot_history',
+           'LivePlot']
 
 # %% ../nbs/06_widgets.ipynb #b898f36b
 def _png(im: Image.Image, size: int) -> bytes:
@@ -29,11 +30,15 @@ def _image(im, size, title=""):
     w.description = title
     return w
 
+def advantage_colour(advantage: float) -> str:
+    "Green for a sample pushed up, red for one pushed down, grey for zero (a flat group teaches nothing)."
+    return "#2e7d32" if advantage > 0 else "#c62828" if advantage < 0 else "#9e9e9e"
+
 def advantage_bar(advantage: float, scale: float = 2.0, width: int = 120) -> str:
     "HTML bar for a signed advantage: green right of centre for positive, red left for negative, grey when zero."
     frac = max(-1.0, min(1.0, advantage / scale)) if math.isfinite(advantage) else 0.0
     half, length = width // 2, abs(frac) * (width // 2)
-    color = "#2e7d32" if frac > 0 else "#c62828" if frac < 0 else "#9e9e9e"
+    color = advantage_colour(frac)
     left = half if frac >= 0 else half - length
     return (f'<div style="position:relative;width:{width}px;height:8px;background:#eee;border-radius:2px">'
             f'<div style="position:absolute;left:{half}px;width:1px;height:8px;background:#666"></div>'
@@ -89,8 +94,7 @@ def plot_group(res, sort: bool = False, size: float = 1.3, max_groups: int | Non
         for col, i in enumerate(idx):
             ax, a = axes[g][col], float(res.advantages[i])
             ax.imshow(res.images[i]); ax.set_xticks([]); ax.set_yticks([])
-            colour = "#2e7d32" if a > 1e-6 else "#c62828" if a < -1e-6 else "#616161"
-            ax.set_title(f"r {float(res.rewards[i]):.3f}\nA {a:+.2f}", fontsize=7, color=colour)
+            ax.set_title(f"r {float(res.rewards[i]):.3f}\nA {a:+.2f}", fontsize=7, color=advantage_colour(a))
         axes[g][0].set_ylabel(res.prompts[g * G][:24], fontsize=7)
     fig.suptitle(title or f"step {res.step}: reward mean {float(res.rewards.mean()):.3f}", fontsize=8)
     fig.tight_layout()
