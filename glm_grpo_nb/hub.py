@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import os
+import socket
+import time
+import uuid
 import re
 import shutil
 import tempfile
@@ -15,8 +20,9 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'AR_LORA_MODULES', 'AR_LORA_TARGETS', 'DIT_LORA_TARGETS',
-           'DIT_LORA_TARGETS_FF', 'resolve_model', 'check_image_size', 'token_grid', 'lora_targeted', 'sde_steps',
-           'atomic_folder', 'file_sha256', 'folder_digest']
+           'DIT_LORA_TARGETS_FF', 'MARKER', 'resolve_model', 'check_image_size', 'token_grid', 'lora_targeted',
+           'sde_steps', 'folder_kind', 'check_folder', 'mark_folder', 'atomic_folder', 'remove_leftovers',
+           'file_sha256', 'folder_digest', 'file_digests', 'check_digests']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -94,17 +100,48 @@ def sde_steps(sde_window, num_steps: int) -> list[int]:
     return steps
 
 # %% ../nbs/00a_hub.ipynb #38ecb6e9
+MARKER = ".glm_grpo_nb.json"  # in every folder written here: what it holds
+
+def folder_kind(path: str | Path) -> str | None:
+    "What this toolkit wrote in `path` ('model', 'adapters', 'checkpoint', 'run'), or None."
+    try: return json.loads((Path(path) / MARKER).read_text())["kind"]
+    except (OSError, ValueError, KeyError, TypeError): return None
+
+def check_folder(path: str | Path, kind: str, where: str) -> None:
+    "Raise unless `path` is new, an empty folder, or a folder this toolkit marked as `kind`."
+    p = Path(path)
+    if not p.exists(): return
+    if not p.is_dir(): raise ValueError(f"{where}: {p} is a file; pass a folder path.")
+    found = folder_kind(p)
+    if found == kind: return
+    names = sorted(x.name for x in p.iterdir())
+    if not names: return
+    what = (f"a {found} folder written by glm_grpo_nb" if found else
+            "files that glm_grpo_nb did not write (" + ", ".join(names[:3]) + (", ..." if len(names) > 3 else "") + ")")
+    raise ValueError(f"{where}: {p} already holds {what}; writing {kind} there would replace them. Pass a new or empty "
+                     "folder (or move that one away yourself).")
+
+def mark_folder(path: str | Path, kind: str, where: str = "mark_folder") -> Path:
+    "Create `path` (new, empty, or already `kind`) and mark it as `kind`."
+    check_folder(path, kind, where)
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    if folder_kind(p) != kind: (p / MARKER).write_text(json.dumps({"kind": kind}) + "\n")
+    return p
+
 @contextlib.contextmanager
-def atomic_folder(path: str | Path):
+def atomic_folder(path: str | Path, kind: str, where: str = "write"):
     "Yield a temporary sibling of `path` to write into; on success it takes `path`'s place, on failure it is removed."
     path = Path(path)
+    check_folder(path, kind, where)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
+        (tmp / MARKER).write_text(json.dumps({"kind": kind}) + "\n")
         yield tmp
         old = None
         if path.exists():
-            old = path.with_name(f".{path.name}.old")
+            old = path.with_name(f".{path.name}.old.tmp")
             shutil.rmtree(old, ignore_errors=True)
             path.rename(old)
         tmp.rename(path)
@@ -113,10 +150,22 @@ def atomic_folder(path: str | Path):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
+def remove_leftovers(folder: str | Path) -> list[str]:
+    "Delete the temporary folders a killed `atomic_folder` left in `folder` (only marked ones); return their names."
+    folder, gone = Path(folder), []
+    if not folder.is_dir(): return gone
+    for p in folder.iterdir():
+        if p.is_dir() and p.name.startswith(".") and p.name.endswith(".tmp") and folder_kind(p) is not None:
+            shutil.rmtree(p, ignore_errors=True); gone.append(p.name)
+    return sorted(gone)
+
 # %% ../nbs/00a_hub.ipynb #1a0b0c12
 def file_sha256(path: str | Path) -> str:
     "sha256 of one file's bytes."
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""): h.update(block)
+    return h.hexdigest()
 
 def folder_digest(path: str | Path) -> str:
     "sha256 over every file's relative path and bytes in `path` (weights, configs, tokenizers)."
@@ -124,3 +173,19 @@ def folder_digest(path: str | Path) -> str:
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
         h.update(str(f.relative_to(path)).encode()); h.update(f.read_bytes())
     return h.hexdigest()
+
+def file_digests(path: str | Path) -> dict[str, str]:
+    "{relative path: sha256} of every file under `path`."
+    path = Path(path)
+    return {f.relative_to(path).as_posix(): file_sha256(f) for f in sorted(path.rglob("*")) if f.is_file()}
+
+def check_digests(path: str | Path, digests: dict[str, str], where: str) -> None:
+    "Raise a ValueError naming the first file under `path` that is missing or differs from `digests`."
+    path = Path(path)
+    for rel, want in digests.items():
+        f = path / rel
+        if not f.is_file():
+            raise ValueError(f"{where}: {f} is missing; the folder is incomplete. Use another checkpoint.")
+        if file_sha256(f) != want:
+            raise ValueError(f"{where}: {f} does not match the digest stored when it was written (damaged or edited); "
+                             "use another checkpoint.")

@@ -7,6 +7,7 @@ policy, and saves and loads them; the AR half (`tokens`) and the DiT half (`flow
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from pathlib import Path
 
@@ -14,8 +15,8 @@ import bitsandbytes as bnb
 import torch
 from fastcore.basics import patch
 from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
-from peft.utils import set_peft_model_state_dict
-from safetensors import safe_open
+from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GlmImageForConditionalGeneration, GlmImageProcessor,
                           T5EncoderModel)
@@ -64,7 +65,7 @@ class GlmImagePolicy(torch.nn.Module):
         cfg = vision_language_encoder.config
         self.codebook_size = cfg.vq_config.num_embeddings
         self.image_start_id, self.image_end_id, self.image_token_id = cfg.image_start_token_id, cfg.image_end_token_id, cfg.image_token_id
-        self.ar_peft = None
+        self.ar_peft, self.source, self.load_in_4bit = None, None, load_in_4bit
         ar_cfg = _lora_config(ar_lora, AR_LORA_TARGETS, "ar_lora")
         if load_in_4bit:
             prepare_model_for_kbit_training(vision_language_encoder, use_gradient_checkpointing=gradient_checkpointing,
@@ -139,6 +140,7 @@ def from_pretrained(
         scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(src, subfolder="scheduler"))
     policy = cls(**parts, ar_lora=ar_lora, dit_lora=dit_lora, gradient_checkpointing=gradient_checkpointing,
                  load_in_4bit=load_in_4bit, lora_seed=lora_seed)
+    policy.source = src
     if verbose:
         n, total = policy.num_trainable_parameters(), sum(p.numel() for p in policy.parameters())
         print(f"GlmImagePolicy: {n:,} trainable parameters (LoRA) of {total:,}")
@@ -149,6 +151,29 @@ def from_pretrained(
 def num_trainable_parameters(self: GlmImagePolicy) -> int:
     "Number of parameters that require grad (the LoRA adapters)."
     return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+def _lora_summary(cfg) -> dict:
+    "The parts of a LoraConfig that change what an adapter computes."
+    t = cfg.target_modules
+    return {"r": cfg.r, "lora_alpha": cfg.lora_alpha, "use_rslora": cfg.use_rslora, "use_dora": cfg.use_dora,
+            "target_modules": t if isinstance(t, str) else sorted(t)}
+
+@patch
+def fingerprint(self: GlmImagePolicy) -> dict:
+    "What defines this policy for a checkpoint: the base model (configs and a sample of weights), 4-bit, adapters."
+    h = hashlib.sha256()
+    for m in (self.ar, self.transformer, self.vae):
+        cfg = m.config.to_dict() if hasattr(m.config, "to_dict") else dict(m.config)   # transformers / diffusers
+        cfg = {k: v for k, v in cfg.items() if not k.startswith("_") and k != "quantization_config"}
+        h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
+    for w in (self.ar.get_input_embeddings().weight[:64], self.transformer.proj_out.weight):
+        # rounded to bfloat16 so a float32 load and a bfloat16 load of the same weights agree
+        h.update(w.detach().to("cpu", torch.bfloat16).float().numpy().tobytes())
+    adapters = {}
+    if self.ar_peft is not None: adapters["ar"] = _lora_summary(self.ar_peft.peft_config["default"])
+    if self.has_dit_lora: adapters["dit"] = _lora_summary(self.transformer.peft_config["default"])
+    return {"model": self.source, "base": h.hexdigest()[:16], "load_in_4bit": bool(self.load_in_4bit),
+            "adapters": adapters}
 
 # %% ../nbs/02_policy.ipynb #823d7c60
 @patch
@@ -175,21 +200,27 @@ def _prefix_keys(f: Path, prefix: str):
 
 @patch
 def save_adapters(self: GlmImagePolicy, directory: str | Path) -> Path:
-    "Write the LoRA adapters (peft format) to `directory/ar` and `directory/dit`, atomically."
+    "Write the LoRA adapters (peft format) to `directory/ar` and `directory/dit`, atomically (a new, empty or adapters folder)."
     directory = Path(directory)
     if self.ar_peft is None and not self.has_dit_lora:
         raise ValueError("save_adapters: this policy has no adapters; load it with ar_lora= or dit_lora=.")
-    with atomic_folder(directory) as tmp:
+    with atomic_folder(directory, "adapters", "save_adapters") as tmp:
         if self.ar_peft is not None: self.ar_peft.save_pretrained(tmp / "ar")
         if self.has_dit_lora:
             self.transformer.save_lora_adapter(tmp / "dit")
             _prefix_keys(tmp / "dit" / "pytorch_lora_weights.safetensors", "transformer.")
     return directory
 
+def _read_adapter(f: Path, where: str) -> dict:
+    try: return load_file(f)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ValueError(f"{where}: {f} cannot be read ({e}); the file is damaged. Save the adapters again or use "
+                         "another checkpoint.") from None
+
 @patch
 def load_adapters(self: GlmImagePolicy, directory: str | Path) -> None:
-    "Load adapters written by `save_adapters` into this policy's (same-shaped) adapters."
-    directory = Path(directory)
+    "Load adapters written by `save_adapters` into this policy's (same-shaped) adapters: both halves checked, then set."
+    directory, staged = Path(directory), []
     parts = [("ar", self.ar_peft, "adapter_model.safetensors"), ("dit", self.transformer if self.has_dit_lora else None,
                                                                    "pytorch_lora_weights.safetensors")]
     for sub, model, fname in parts:
@@ -200,13 +231,19 @@ def load_adapters(self: GlmImagePolicy, directory: str | Path) -> None:
             continue
         if not f.exists():
             raise ValueError(f"load_adapters: {f} not found; pass a folder written by save_adapters.")
-        state = load_file(f)
+        state = _read_adapter(f, "load_adapters")
         if sub == "dit": state = {k.removeprefix("transformer."): v for k, v in state.items()}
-        own = {k for k in model.state_dict() if "lora_" in k}
-        res = set_peft_model_state_dict(model, state, adapter_name="default")
-        if res.unexpected_keys or len(state) != len(own):
-            raise ValueError(f"load_adapters: {f} does not match this policy's {sub} adapter "
-                             f"({len(state)} tensors for {len(own)}; unexpected: {list(res.unexpected_keys)[:3]}).")
+        own = get_peft_model_state_dict(model, adapter_name="default")
+        bad = sorted(k for k in own.keys() | state.keys() if k not in own or k not in state or own[k].shape != state[k].shape)
+        if bad:
+            k = bad[0]
+            got = tuple(state[k].shape) if k in state else "missing"
+            want = tuple(own[k].shape) if k in own else "not in this policy"
+            raise ValueError(f"load_adapters: {f} does not match this policy's {sub} adapter ({len(bad)} tensor(s) "
+                             f"differ, e.g. {k}: file {got}, policy {want}); load the policy with the rank and "
+                             "targets the adapters were trained with. Nothing was loaded.")
+        staged.append((model, state))
+    for model, state in staged: set_peft_model_state_dict(model, state, adapter_name="default")
 
 # %% ../nbs/02_policy.ipynb #c03e644a
 @patch(as_prop=True)

@@ -17,7 +17,7 @@ from transformers import (ByT5Tokenizer, GlmImageConfig, GlmImageForConditionalG
 from transformers.models.glm_image.image_processing_pil_glm_image import GlmImageImageProcessorPil
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTransformer2DModel
 
-from .hub import MODEL_INDEX, atomic_folder
+from .hub import MODEL_INDEX, atomic_folder, check_folder
 
 # %% auto #0
 __all__ = ['TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'make_tiny_glm_image', 'make_tiny_clip',
@@ -118,7 +118,7 @@ def _load_pretrained(parts, codebook_size, full_head):
 
 # %% ../nbs/01_tiny.ipynb #37c60cf2
 def make_tiny_glm_image(
-    path: str | Path,           # folder to write (created; an existing tiny model there is replaced)
+    path: str | Path,           # folder to write (new, empty, or a model this toolkit wrote, which is replaced)
     seed: int = 0,              # seeds every weight: same seed, byte-identical files
     codebook_size: int = 64,    # K: VQ codebook = image codes 0..K-1; K is image start, K+1 the end token
     full_head: bool = False,    # AR head with the real layout (codes, start, end, spare ids) instead of codes only
@@ -127,14 +127,12 @@ def make_tiny_glm_image(
     "Write a tiny GLM-Image (trained on synthetic scenes, or random) in the hub layout to `path`."
     path = Path(path).expanduser()
     if codebook_size < 2: raise ValueError(f"make_tiny_glm_image: codebook_size must be >= 2, got {codebook_size}.")
-    if path.exists() and (not path.is_dir() or (any(path.iterdir()) and not (path / "model_index.json").exists())):
-        raise ValueError(f"make_tiny_glm_image: {path} exists and is not a GLM-Image folder; "
-                         "pass an empty or new folder so nothing of yours is overwritten.")
+    check_folder(path, "model", "make_tiny_glm_image")   # before any work: nothing of yours is overwritten
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         parts = _tiny_components(codebook_size, full_head)
     if pretrained: _load_pretrained(parts, codebook_size, full_head)
-    with atomic_folder(path) as tmp:
+    with atomic_folder(path, "model", "make_tiny_glm_image") as tmp:
         for name, part in parts.items(): part.save_pretrained(tmp / name)
         (tmp / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=2) + "\n")
     return path
@@ -150,9 +148,7 @@ def _char_tokenizer(max_length=64):
 
 def _save_atomically(path, parts):
     path = Path(path).expanduser()
-    if path.exists() and any(path.iterdir()) and not (path / "config.json").exists():
-        raise ValueError(f"{path} exists and is not a model folder; pass an empty or new folder.")
-    with atomic_folder(path) as tmp:
+    with atomic_folder(path, "model", "make_tiny") as tmp:
         for p in parts: p.save_pretrained(tmp)
     return path
 
