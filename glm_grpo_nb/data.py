@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -187,3 +188,12 @@ class PromptDataset:
         e = self.examples[i]
         return {"prompt": e.prompt, "target": self._load(e.target) if e.target else None,
                 "sources": [self._load(s) for s in e.sources] if e.sources else None}
+
+    def fingerprint(self) -> str:
+        "A short hash of the rows (prompts; image file names and sizes) and the resize size: same data, same hash."
+        h = hashlib.sha256(json.dumps(self.size).encode())
+        stat = lambda p: [Path(p).name, Path(p).stat().st_size if Path(p).exists() else None]
+        for e in self.examples:
+            row = [e.prompt, stat(e.target) if e.target else None, [stat(s) for s in e.sources or []]]
+            h.update(json.dumps(row).encode())
+        return h.hexdigest()[:16]

@@ -21,7 +21,7 @@ from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache
 from diffusers.pipelines.glm_image.pipeline_glm_image import calculate_shift, retrieve_timesteps
 
 from .hub import sde_steps
-from .policy import GlmImagePolicy
+from .policy import GlmImagePolicy, generators, randn_rows, sample_seeds
 if TYPE_CHECKING: from glm_grpo_nb.tokens import TokenRollout  # flow never imports tokens at run time
 
 # %% auto #0
@@ -163,7 +163,7 @@ def sample_latents(
     sde_type: str = "sde",       # "sde" (Flow-GRPO) or "cps" (coefficient-preserving)
     sde_window=None,             # stochastic steps: None (first quarter), range, (start, stop) or a list of indices
     guidance_scale: float = 1.5, # classifier-free guidance; <= 1 runs the conditional branch only
-    seed: int | None = None,     # seeds the initial noise and the SDE noise
+    seed: int | list[int] | None = None,  # an int, or one seed per sample: its initial and SDE noise
     initial_noise: torch.Tensor | None = None,  # [N, C, h, w] starting latents instead of fresh noise
 ) -> LatentTrajectory:
     "Denoise the rollout's prior tokens with SDE steps in a window; record every latent and step log-prob."
@@ -180,14 +180,14 @@ def sample_latents(
     window = set(sde_steps(sde_window, num_steps)) if noise_level > 0 else set()
     timesteps, sigmas = self._schedule(num_steps, H, W)
     dtype = self.dit_dtype
-    gen = torch.Generator("cpu").manual_seed(seed) if seed is not None else None
+    gens = generators(sample_seeds(seed, N, "sample_latents: seed"))   # CPU: the same noise on every device
     shape = (N, self.transformer.config.in_channels, H // vsf, W // vsf)
     if initial_noise is not None:
         if tuple(initial_noise.shape) != shape:
             raise ValueError(f"sample_latents: initial_noise has shape {tuple(initial_noise.shape)}, expected {shape}.")
         x = initial_noise.float().to(dev)
     else:
-        x = torch.randn(shape, generator=gen, dtype=torch.float32).to(dev)
+        x = randn_rows(gens, shape[1:], dev)
     cfg = guidance_scale > 1
     with torch.no_grad():
         B, G = len(rollout.prompts), rollout.group_size
@@ -201,7 +201,7 @@ def sample_latents(
             if i in window:
                 mean, tau = sde_step(x, v, s, s_next, noise_level, sde_type, sigmas[1].item())
                 if tau > 0:
-                    noise = torch.randn(shape, generator=gen, dtype=torch.float32).to(dev)
+                    noise = randn_rows(gens, shape[1:], dev)
                     x = mean + tau * noise
                     logprobs[:, i] = gaussian_logprob(x, mean, tau).cpu()
                     stds[i] = tau

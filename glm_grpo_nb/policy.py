@@ -25,7 +25,7 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePi
 from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, atomic_folder, resolve_model
 
 # %% auto #0
-__all__ = ['quantize_dit_4bit', 'GlmImagePolicy', 'apply_adapters']
+__all__ = ['quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds', 'generators', 'randn_rows', 'apply_adapters']
 
 # %% ../nbs/02_policy.ipynb #d8758c82
 def _lora_config(spec, targets, what):
@@ -174,6 +174,27 @@ def fingerprint(self: GlmImagePolicy) -> dict:
     if self.has_dit_lora: adapters["dit"] = _lora_summary(self.transformer.peft_config["default"])
     return {"model": self.source, "base": h.hexdigest()[:16], "load_in_4bit": bool(self.load_in_4bit),
             "adapters": adapters}
+
+# %% ../nbs/02_policy.ipynb #3990440e
+def mix_seed(*parts: int) -> int:
+    "A 63-bit seed from integers (a hash, so nearby inputs give unrelated seeds)."
+    return int.from_bytes(hashlib.blake2b(repr(tuple(int(p) for p in parts)).encode(), digest_size=8).digest(), "little") >> 1
+
+def sample_seeds(seed: int | list[int] | None, n: int, where: str = "seed") -> list[int]:
+    "n per-sample seeds: a list is taken as is (one per sample), an int is spread with `mix_seed`, None draws one."
+    if seed is None: seed = int(torch.randint(2 ** 62, ()).item())   # follows torch.manual_seed
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != n: raise ValueError(f"{where}: {len(seed)} seeds for {n} samples; pass one per sample or an int.")
+        return [int(s) for s in seed]
+    return [mix_seed(seed, i) for i in range(n)]
+
+def generators(seeds: list[int], device="cpu") -> list[torch.Generator]:
+    "One torch.Generator per seed on `device`."
+    return [torch.Generator(device).manual_seed(s) for s in seeds]
+
+def randn_rows(gens: list[torch.Generator], shape, device=None) -> torch.Tensor:
+    "[len(gens), *shape] float32 standard normal noise, row i from generator i (drawn where the generators live)."
+    return torch.stack([torch.randn(shape, generator=g, dtype=torch.float32, device=g.device) for g in gens]).to(device)
 
 # %% ../nbs/02_policy.ipynb #823d7c60
 @patch

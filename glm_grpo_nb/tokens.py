@@ -16,7 +16,7 @@ from PIL import Image
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from .hub import check_image_size, token_grid
-from .policy import GlmImagePolicy
+from .policy import GlmImagePolicy, generators, sample_seeds
 
 # %% auto #0
 __all__ = ['sampling_logits', 'GridLayout', 'TokenRollout']
@@ -52,10 +52,10 @@ def _check_sampling(temperature, top_k, top_p):
 
 # %% ../nbs/02a_tokens.ipynb #fe5fbdb2
 class _GridSampler(LogitsProcessor):
-    "Restrict to image codes, temper and truncate; record each sampled token's log-prob."
-    def __init__(self, codebook_size, temperature, top_k, top_p, prompt_len):
+    "Restrict to image codes, temper and truncate, draw each row's token from its own generator; record log-probs."
+    def __init__(self, codebook_size, temperature, top_k, top_p, prompt_len, seeds):
         self.args = (codebook_size, temperature, top_k, top_p)
-        self.prompt_len, self.prev, self.logprobs = prompt_len, None, []
+        self.prompt_len, self.prev, self.logprobs, self.seeds, self.gens = prompt_len, None, [], seeds, None
 
     def _record(self, token_ids):
         self.logprobs.append(self.prev.gather(-1, token_ids[:, None])[:, 0])
@@ -64,7 +64,12 @@ class _GridSampler(LogitsProcessor):
         if input_ids.shape[1] > self.prompt_len: self._record(input_ids[:, -1])
         x = sampling_logits(scores, *self.args)
         self.prev = x.log_softmax(dim=-1)
-        return x
+        if self.gens is None: self.gens = generators(self.seeds, scores.device)
+        K = self.args[0]
+        # exponential race: argmax_k p_k / E_k with E_k ~ Exp(1) is a draw from p (row i uses generator i only)
+        race = torch.stack([torch.empty(K, device=scores.device).exponential_(generator=g) for g in self.gens])
+        choice = (self.prev[:, :K] - race.log()).argmax(-1)
+        return torch.full_like(x, float("-inf")).scatter(-1, choice[:, None], 0.0)   # generate() then takes it
 
     def finish(self, sequences):
         "Record the last sampled token; return log-probs [N, num_sampled]."
@@ -251,7 +256,7 @@ def sample_tokens(
     temperature: float = 1.0,   # sampling temperature
     top_k: int = 0,             # 0: off (exact distribution)
     top_p: float = 1.0,         # 1: off (exact distribution)
-    seed: int | None = None,    # seeds the sampling; same seed, same rollout
+    seed: int | list[int] | None = None,  # an int, or one seed per sample (B*G); same seeds, same tokens
 ) -> TokenRollout:
     "Sample `group_size` visual-token sequences per prompt in one batched generate call."
     prompts = _check_prompts(prompts, group_size, height, width)
@@ -263,14 +268,14 @@ def sample_tokens(
     ids, mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
     grids_n, per_n = _repeat_groups(grids, per_sample, G)
     dev = self.device
-    sampler = _GridSampler(self.codebook_size, temperature, top_k, top_p, ids.shape[1])
-    gen_cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n_sampled,
+    seeds = sample_seeds(seed, ids.shape[0], "sample_tokens: seed")
+    sampler = _GridSampler(self.codebook_size, temperature, top_k, top_p, ids.shape[1], seeds)
+    gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=n_sampled,   # the sampler draws; generate takes its pick
                                pad_token_id=self.processor.tokenizer.pad_token_id, eos_token_id=self.image_end_id,
                                bos_token_id=self.image_start_id)
     was_training = self.ar.training
     self.ar.eval()
-    with torch.no_grad(), torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-        if seed is not None: torch.manual_seed(seed)
+    with torch.no_grad():
         out = self.ar.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), image_grid_thw=grids_n.to(dev),
                                images_per_sample=per_n.to(dev), generation_config=gen_cfg,
                                logits_processor=LogitsProcessorList([sampler]))
