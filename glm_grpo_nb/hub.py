@@ -22,7 +22,7 @@ from pathlib import Path
 __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'AR_LORA_MODULES', 'AR_LORA_TARGETS', 'DIT_LORA_TARGETS',
            'DIT_LORA_TARGETS_FF', 'MARKER', 'resolve_model', 'check_image_size', 'token_grid', 'lora_targeted',
            'sde_steps', 'folder_kind', 'check_folder', 'mark_folder', 'atomic_folder', 'remove_leftovers',
-           'file_sha256', 'folder_digest', 'file_digests', 'check_digests']
+           'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -189,3 +189,54 @@ def check_digests(path: str | Path, digests: dict[str, str], where: str) -> None
         if file_sha256(f) != want:
             raise ValueError(f"{where}: {f} does not match the digest stored when it was written (damaged or edited); "
                              "use another checkpoint.")
+
+# %% ../nbs/00a_hub.ipynb #fce88113
+class RunLock:
+    "`folder/run.lock`: one live writer per run folder; a lock whose process is gone is taken over."
+    def __init__(self, folder: str | Path, stale_after: float = 3600.0):
+        self.path, self.token, self.stale_after = Path(folder) / "run.lock", uuid.uuid4().hex, stale_after
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "token": self.token, "since": time.time()}
+        for _ in range(5):
+            try: fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                holder = self.holder()
+                if self._alive(holder):
+                    who = f"process {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
+                    raise RuntimeError(f"{self.path.parent} is in use by {who}: one run folder takes one trainer. Wait "
+                                       f"for that run to finish, or pass another output_dir; if it is no longer running, "
+                                       f"delete {self.path}.") from None
+                self.path.unlink(missing_ok=True)   # stale, or an older trainer of this process
+                continue
+            with os.fdopen(fd, "w") as f: json.dump(me, f)
+            return
+        raise RuntimeError(f"could not take {self.path}: other processes keep taking it; pass another output_dir.")
+
+    def holder(self) -> dict | None:
+        "The lock file's contents (None if absent, being written, or unreadable)."
+        try: return json.loads(self.path.read_text())
+        except (OSError, ValueError): return None
+
+    def _alive(self, holder) -> bool:
+        try: age = time.time() - self.path.stat().st_mtime
+        except OSError: return False
+        if not isinstance(holder, dict): return age < 10        # being written this instant, or damaged
+        if holder.get("host") != socket.gethostname(): return age < self.stale_after
+        pid = holder.get("pid")
+        if pid == os.getpid() or not isinstance(pid, int): return False
+        try: os.kill(pid, 0)
+        except ProcessLookupError: return False
+        except PermissionError: return True
+        return True
+
+    def check(self) -> None:
+        "Raise if another trainer has taken the folder over; otherwise refresh the heartbeat."
+        holder = self.holder()
+        if not holder or holder.get("token") != self.token:
+            raise RuntimeError(f"{self.path.parent} was taken over by another trainer (a newer one in this notebook or "
+                               "another process); this one no longer writes there. Use the newer trainer, or resume "
+                               "from the folder's checkpoint.")
+        os.utime(self.path)
+
+    def release(self) -> None:
+        "Remove the lock if it is still ours."
+        if (self.holder() or {}).get("token") == self.token: self.path.unlink(missing_ok=True)

@@ -9,10 +9,13 @@ import collections
 import contextlib
 import json
 import math
+import os
+import pickle
 import random
 import shutil
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,10 +27,10 @@ from tqdm.auto import tqdm
 
 from .config import GRPOConfig
 from .data import PromptDataset
-from .hub import atomic_folder
+from .hub import RunLock, atomic_folder, check_digests, file_digests, mark_folder, remove_leftovers
 from .loss import aggregate, clipped_surrogate, gaussian_kl, group_advantages, kl_k3
-from .policy import GlmImagePolicy
-from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward
+from .policy import GlmImagePolicy, generators, mix_seed, randn_rows
+from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward, reward_name
 from .tokens import TokenRollout
 from .flow import LatentTrajectory
 
@@ -99,6 +102,11 @@ class StepResult:
         display(self.show())
 
 # %% ../nbs/05_trainer.ipynb #becb5b34
+def _checkpoints(folder: Path) -> list[Path]:
+    "Complete checkpoints in `folder`, oldest first."
+    if not folder.is_dir(): return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / "trainer_state.json").exists())
+
 def _as_dataset(data):
     if isinstance(data, PromptDataset): return data
     return PromptDataset(data)
@@ -117,6 +125,7 @@ class GRPOTrainer:
         output_dir: str | Path | None = None,  # metrics.jsonl and checkpoints
         log_with=None,               # accelerate trackers, e.g. "tensorboard" or "wandb"
         accelerator=None,            # an accelerate.Accelerator; default: a new one
+        _resuming: bool = False,     # set by `resume` only: output_dir may then hold this run's files
         **settings,                  # GRPOConfig fields, e.g. group_size=4, lr=1e-4
     ):
         from accelerate import Accelerator
@@ -125,15 +134,16 @@ class GRPOTrainer:
         self.dit_reward_fn = reward_fn if dit_reward_fn is None else dit_reward_fn
         self.dataset = _as_dataset(dataset)
         self.eval_dataset = _as_dataset(eval_prompts) if eval_prompts is not None else None
-        c = (config or GRPOConfig()).replace(**settings)
+        c = (GRPOConfig() if config is None else config).replace(**settings)
         if c.height is None or c.width is None:
             w, h = self._default_size()
             c = c.replace(height=h if c.height is None else c.height, width=w if c.width is None else c.width)
         self.config = c
         self._check_policy_and_data()
-        project_dir = str(output_dir) if output_dir else None
-        self.accelerator = accelerator or Accelerator(log_with=log_with, project_dir=project_dir)
-        self.output_dir = Path(output_dir) if output_dir else None
+        project_dir = str(output_dir) if output_dir is not None else None
+        self.accelerator = Accelerator(log_with=log_with, project_dir=project_dir) if accelerator is None else accelerator
+        self.output_dir, self._lock = (Path(output_dir) if output_dir is not None else None), None
+        if self.output_dir is not None and self.accelerator.is_main_process: self._claim_output_dir(_resuming)
         named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
         self.ar_params = [p for n, p in named if n.startswith("vision_language_encoder.")]
         self.dit_params = [p for n, p in named if n.startswith("transformer.")]
@@ -151,6 +161,21 @@ class GRPOTrainer:
             flat = {k: v for k, v in c.to_dict().items() if isinstance(v, (int, float, str, bool))}
             self.accelerator.init_trackers("glm_grpo_nb", config=flat)
 
+    def _claim_output_dir(self, resuming: bool):
+        "Mark output_dir as a run folder, take its lock, and refuse to start a second run on top of an earlier one."
+        d = mark_folder(self.output_dir, "run", "GRPOTrainer: output_dir")
+        self._lock = RunLock(d)
+        weakref.finalize(self, self._lock.release)
+        metrics = d / "metrics.jsonl"
+        if not resuming and (_checkpoints(d / "checkpoints") or (metrics.exists() and metrics.stat().st_size)):
+            self._lock.release()
+            raise ValueError(f"GRPOTrainer: output_dir {d} already holds a run (metrics.jsonl or checkpoints); continue "
+                             f"it with GRPOTrainer.resume({str(d)!r}, ...), or pass a new output_dir.")
+
+    def close(self) -> None:
+        "Let another trainer write to output_dir (also happens when this trainer is garbage-collected)."
+        if self._lock is not None: self._lock.release()
+
     def _default_size(self):
         if self.dataset.size: return self.dataset.size
         t = next((e.target for e in self.dataset.examples if e.target), None)
@@ -166,16 +191,37 @@ class GRPOTrainer:
         if c.train_dit and not p.has_dit_lora:
             raise ValueError("GRPOTrainer: train_dit=True but the policy has no DiT adapter; load it with dit_lora=, "
                              "or pass train_dit=False.")
-        if self.dataset.has_sources and len({len(e.sources or []) for e in self.dataset.examples}) != 1:
+        data = self.dataset
+        if data.has_sources and len({len(e.sources or []) for e in data.examples}) != 1:
             raise ValueError("GRPOTrainer: every row of an i2i dataset needs source images.")
-        if self.dataset.has_targets and self.dataset.size is None:
-            for e in self.dataset.examples:
+        for role, fn in (("reward_fn", self.reward_fn), ("ar_reward_fn", self.ar_reward_fn),
+                         ("dit_reward_fn", self.dit_reward_fn)):
+            for need, has in (("targets", all(e.target is not None for e in data.examples)), ("sources", data.has_sources)):
+                if getattr(fn, f"needs_{need}", False) and not has:
+                    raise ValueError(f"GRPOTrainer: {role} {reward_name(fn)!r} needs {need[:-1]} images, but "
+                                     f"{'not every row' if need == 'targets' and data.has_targets else 'no row'} of the "
+                                     f"dataset has one; give every prompt a {need[:-1]} (a '{need[:-1]}' column) or use "
+                                     "a reward without them.")
+        if data.size is not None and data.has_targets and data.size != (c.width, c.height):
+            raise ValueError(f"GRPOTrainer: the dataset resizes images to {data.size[0]}x{data.size[1]} but images are "
+                             f"generated at {c.width}x{c.height}; build it with resize=({c.width}, {c.height}).")
+        if data.size is None:
+            for e in data.examples:
                 if e.target is None: continue
                 with Image.open(e.target) as im:
                     if im.size != (c.width, c.height):
                         raise ValueError(f"GRPOTrainer: target {e.target} is {im.size[0]}x{im.size[1]} but images are "
                                          f"generated at {c.width}x{c.height}; build the dataset with "
                                          f"resize=({c.width}, {c.height}).")
+            sizes = {}
+            for e in data.examples:
+                for s in e.sources or []:
+                    with Image.open(s) as im: sizes.setdefault(im.size, s)
+            if len(sizes) > 1:
+                (w1, h1), (w2, h2) = list(sizes)[:2]
+                raise ValueError(f"GRPOTrainer: source images have different sizes ({list(sizes.values())[0]} is "
+                                 f"{w1}x{h1}, {list(sizes.values())[1]} is {w2}x{h2}); rows of one step are encoded "
+                                 "together, so build the dataset with resize=(width, height).")
 
     def __repr__(self):
         c = self.config
@@ -192,8 +238,10 @@ def _batch_indices(self: GRPOTrainer, step: int) -> list[int]:
     return [_order(n, self.config.seed, (start + i) // n)[(start + i) % n] for i in range(P)]
 
 @patch
-def _step_seed(self: GRPOTrainer, step: int, salt: int = 0) -> int:
-    return (self.config.seed * 1_000_003 + step * 7919 + self.accelerator.process_index * 104_729 + salt) % (2 ** 31)
+def _sample_seeds(self: GRPOTrainer, step: int, n: int, salt: int = 0) -> list[int]:
+    "Seeds of this process's n samples at `step`, from (seed, step, salt, global sample index): any process count."
+    first = self.accelerator.process_index * n
+    return [mix_seed(self.config.seed, step, salt, first + i) for i in range(n)]
 
 # %% ../nbs/05_trainer.ipynb #1021385a
 def _columns(dataset: PromptDataset, idx):
@@ -222,17 +270,18 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
     "Sample tokens, sample latents, decode, score: `group_size` images per prompt (no gradients)."
     c, pol, G, sec = self.config, self.policy, self.config.group_size, {}
     step = self.step_count if step is None else step
-    seed_of = (lambda salt=0: self._step_seed(step, salt)) if seed is None else (lambda salt=0: seed + salt)
+    if seed is None: seeds = lambda n, salt=0: self._sample_seeds(step, n, salt)
+    else: seeds = lambda n, salt=0: [mix_seed(seed, salt, i) for i in range(n)]
     ps, ts, ss = _repeat(prompts, G), _repeat(targets, G), _repeat(sources, G)
     score = lambda reward_fn, images: evaluate_reward(reward_fn, images, ps, ts, ss, group_size=G)
     latent_kw = dict(num_steps=c.num_steps, sde_type=c.sde_type, sde_window=c.sde_window,
                      guidance_scale=c.guidance_scale)
     with _timed(sec, "sample_ar"):
         roll = pol.sample_tokens(prompts, G, c.height, c.width, images=sources, temperature=c.temperature,
-                                 top_k=c.top_k, top_p=c.top_p, seed=seed_of())
+                                 top_k=c.top_k, top_p=c.top_p, seed=seeds(len(ps)))
     if c.mode == "joint":
         with _timed(sec, "sample_dit"):
-            traj = pol.sample_latents(roll, noise_level=c.noise_level, seed=seed_of(1), **latent_kw)
+            traj = pol.sample_latents(roll, noise_level=c.noise_level, seed=seeds(len(ps), 1), **latent_kw)
         with _timed(sec, "decode"): images = pol.decode(traj)
         with _timed(sec, "reward"): reward = score(self.reward_fn, images)
         return Sample(ps, ts, ss, G, roll, traj, images, reward, seconds=sec)
@@ -240,10 +289,10 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
     with _timed(sec, "sample_dit"):
         vsf = pol.pipeline.vae_scale_factor
         shape = (len(prompts), pol.transformer.config.in_channels, c.height // vsf, c.width // vsf)
-        noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed_of(2))).repeat_interleave(G, 0)
+        noise = randn_rows(generators(seeds(len(prompts), 2)), shape[1:]).repeat_interleave(G, 0)
         traj_ar = pol.sample_latents(roll, noise_level=0.0, initial_noise=noise, **latent_kw)
         firsts = roll.select([i * G for i in range(len(prompts)) for _ in range(G)]).regroup(G)
-        traj = pol.sample_latents(firsts, noise_level=c.noise_level, seed=seed_of(1), **latent_kw)
+        traj = pol.sample_latents(firsts, noise_level=c.noise_level, seed=seeds(len(ps), 1), **latent_kw)
     with _timed(sec, "decode"): images, dit_images = pol.decode(traj_ar), pol.decode(traj)
     with _timed(sec, "reward"):
         reward, dit_reward = score(self.ar_reward_fn, images), score(self.dit_reward_fn, dit_images)
@@ -316,9 +365,36 @@ def _references(self: GRPOTrainer, s: Sample):
     return ref_lp, ref_means
 
 @patch
-def update(self: GRPOTrainer, s: Sample) -> tuple[dict, torch.Tensor, torch.Tensor, dict]:
+def _snapshot(self: GRPOTrainer):
+    "Copies of what a step changes: the trained weights, the optimiser state, the counters and the history length."
+    params = [p for g in self.optimizer.param_groups for p in g["params"]]
+    state = [{k: v.clone() if torch.is_tensor(v) else v for k, v in self.optimizer.state[p].items()}
+             if p in self.optimizer.state else None for p in params]
+    return ([p.detach().clone() for p in params], state,
+            (self.step_count, self.consecutive_skips, self.skipped_total, len(self.history)))
+
+@patch
+def _restore(self: GRPOTrainer, snap) -> None:
+    "Put back what `_snapshot` copied (copies again, so a snapshot can be restored twice)."
+    weights, state, (self.step_count, self.consecutive_skips, self.skipped_total, n_hist) = snap
+    params = [p for g in self.optimizer.param_groups for p in g["params"]]
+    with torch.no_grad():
+        for p, w in zip(params, weights): p.copy_(w)
+    for p, st in zip(params, state):
+        if st is None: self.optimizer.state.pop(p, None)
+        else: self.optimizer.state[p] = {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
+    del self.history[n_hist:]
+
+@patch
+def _weights_finite(self: GRPOTrainer) -> bool:
+    params = [p for g in self.optimizer.param_groups for p in g["params"]]
+    return self._everywhere(bool(torch.stack([p.detach().isfinite().all() for p in params]).all().item()))
+
+@patch
+def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Tensor, torch.Tensor, dict]:
     "One GRPO update from a Sample: advantages, clipped surrogate (+ KL), `num_inner_epochs` optimiser steps."
-    # returns (metrics, advantages, DiT advantages, seconds per half)
+    # returns (metrics, advantages, DiT advantages, seconds per half). All or nothing: if a loss, a gradient or, after
+    # an optimiser step, a weight is not finite, weights and optimiser state go back to `snapshot` (taken here if None)
     c = self.config
     adv, stats, _ = self._global_advantages(s.reward.total)
     dit_adv = self._global_advantages(s.dit_reward.total)[0] if s.dit_reward is not None else adv
@@ -327,7 +403,8 @@ def update(self: GRPOTrainer, s: Sample) -> tuple[dict, torch.Tensor, torch.Tens
     for k, v in s.reward.info.items(): metrics[f"info/{k}"] = v.mean().item()
     if s.dit_reward is not None: metrics["dit_reward_mean"] = s.dit_reward.total.mean().item()
     ref_lp, ref_means = self._references(s)
-    n, sec, skipped = len(s.prompts), {"update_ar": 0.0, "update_dit": 0.0}, False
+    snap = self._snapshot() if snapshot is None else snapshot
+    n, sec, self.skip_reason = len(s.prompts), {"update_ar": 0.0, "update_dit": 0.0}, None
     train_dit = c.train_dit and bool(s.trajectory.stochastic.any())
     for epoch in range(c.num_inner_epochs):
         self.optimizer.zero_grad(set_to_none=True)
@@ -353,37 +430,50 @@ def update(self: GRPOTrainer, s: Sample) -> tuple[dict, torch.Tensor, torch.Tens
             self._reduce_grads(params)
             norms[half] = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm).item()
             agg[f"{half}/grad_norm"] = norms[half]
-        if self._everywhere(finite and all(math.isfinite(v) for v in norms.values())):
-            self.optimizer.step()
-        else:
-            skipped = True
-        self.optimizer.zero_grad(set_to_none=True)
         metrics.update(agg)
-    metrics["skipped"] = float(skipped)
+        if not self._everywhere(finite and all(math.isfinite(v) for v in norms.values())):
+            self.skip_reason = f"the loss or a gradient was not finite (inner epoch {epoch})"
+        else:
+            self.optimizer.step()
+            if not self._weights_finite():
+                self.skip_reason = (f"an adapter weight was not finite after the optimiser step (inner epoch {epoch}); "
+                                    "the learning rate is probably too high")
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.skip_reason is not None:
+            self._restore(snap)   # the whole step is undone, earlier inner epochs included
+            break
+    metrics["skipped"] = float(self.skip_reason is not None)
     return metrics, adv, dit_adv, sec
 
 # %% ../nbs/05_trainer.ipynb #ea97db1b
 @patch
 def step(self: GRPOTrainer) -> StepResult:
-    "One GRPO step: sample, score, advantages, update. Returns what happened."
+    "One GRPO step: sample, score, advantages, update, log. All or nothing: if it raises, nothing has changed."
+    if self._lock is not None: self._lock.check()
     idx = self._batch_indices(self.step_count)
     prompts, targets, sources = _columns(self.dataset, idx)
     s, error = None, None
     try: s = self.sample(prompts, targets, sources)
     except NonFiniteRewardError as e: error = e
-    if not self._everywhere(error is None):
-        return self._skip(error or "a reward was not finite on another process", prompts)
-    metrics, adv, dit_adv, sec = self.update(s)
-    seconds = {**s.seconds, **sec}
-    if metrics["skipped"]:
-        self._count_skip("the loss or a gradient was not finite")
-    else: self.consecutive_skips = 0
-    res = StepResult(step=self.step_count, prompts=s.prompts, images=s.images, targets=s.targets, sources=s.sources,
-                     group_size=self.config.group_size, rewards=s.reward.total, reward_components=s.reward.components,
-                     advantages=adv, metrics=metrics, seconds=seconds, skipped=bool(metrics["skipped"]),
-                     dit_images=s.dit_images, dit_rewards=None if s.dit_reward is None else s.dit_reward.total,
-                     dit_advantages=None if s.dit_reward is None else dit_adv)
-    self._log(res)
+    snap = self._snapshot()
+    try:
+        if not self._everywhere(error is None):
+            self._count_skip(error or "a reward was not finite on another process")
+            res = self._skipped_result(prompts)
+        else:
+            metrics, adv, dit_adv, sec = self.update(s, snapshot=snap)
+            if metrics["skipped"]: self._count_skip(self.skip_reason)
+            else: self.consecutive_skips = 0
+            res = StepResult(step=self.step_count, prompts=s.prompts, images=s.images, targets=s.targets,
+                             sources=s.sources, group_size=self.config.group_size, rewards=s.reward.total,
+                             reward_components=s.reward.components, advantages=adv, metrics=metrics,
+                             seconds={**s.seconds, **sec}, skipped=bool(metrics["skipped"]), dit_images=s.dit_images,
+                             dit_rewards=None if s.dit_reward is None else s.dit_reward.total,
+                             dit_advantages=None if s.dit_reward is None else dit_adv)
+        self._log(res)
+    except BaseException:
+        self._restore(snap)   # a failed write (disk full, read-only folder) or an interrupt: the step never happened
+        raise
     self.results.append(res)
     self.step_count += 1
     return res
@@ -398,24 +488,28 @@ def _count_skip(self: GRPOTrainer, why):
                            "half-precision overflow (try torch_dtype=torch.bfloat16 or float32).")
 
 @patch
-def _skip(self: GRPOTrainer, error, prompts):
-    self._count_skip(str(error))
+def _skipped_result(self: GRPOTrainer, prompts) -> StepResult:
     G = self.config.group_size
-    res = StepResult(step=self.step_count, prompts=_repeat(prompts, G), images=[], targets=None, sources=None,
-                     group_size=G, rewards=torch.zeros(0), reward_components={},
-                     advantages=torch.zeros(0), metrics={"skipped": 1.0}, seconds={}, skipped=True)
-    self._log(res)
-    self.step_count += 1
-    return res
+    return StepResult(step=self.step_count, prompts=_repeat(prompts, G), images=[], targets=None, sources=None,
+                      group_size=G, rewards=torch.zeros(0), reward_components={},
+                      advantages=torch.zeros(0), metrics={"skipped": 1.0}, seconds={}, skipped=True)
 
 @patch
 def _log(self: GRPOTrainer, res: StepResult):
-    row = {"step": res.step, **{k: float(v) for k, v in res.metrics.items()}, **{f"seconds/{k}": v for k, v in res.seconds.items()}}
+    "Append the step's row to metrics.jsonl and the trackers, then to `history`; a failed write leaves no trace."
+    row = {"step": res.step, **{k: float(v) for k, v in res.metrics.items()},
+           **{f"seconds/{k}": v for k, v in res.seconds.items()}}
+    f = self.output_dir / "metrics.jsonl" if self.accelerator.is_main_process and self.output_dir is not None else None
+    size = f.stat().st_size if f is not None and f.exists() else 0
+    try:
+        if f is not None:
+            with open(f, "a") as fh: fh.write(json.dumps(row) + "\n")
+        if self.accelerator.trackers: self.accelerator.log(row, step=res.step)
+    except BaseException:
+        if f is not None and f.exists():
+            with contextlib.suppress(OSError), open(f, "r+") as fh: fh.truncate(size)
+        raise
     self.history.append(row)
-    if self.accelerator.is_main_process and self.output_dir is not None:
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.output_dir / "metrics.jsonl", "a") as f: f.write(json.dumps(row) + "\n")
-    if self.accelerator.trackers: self.accelerator.log(row, step=res.step)
 
 # %% ../nbs/05_trainer.ipynb #5e6580e1
 @patch
@@ -465,10 +559,12 @@ def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, fl
     return res
 
 # %% ../nbs/05_trainer.ipynb #9ba11b87
-def _checkpoints(folder: Path) -> list[Path]:
-    "Complete checkpoints in `folder`, oldest first."
-    if not folder.is_dir(): return []
-    return sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / "trainer_state.json").exists())
+@patch
+def _run_identity(self: GRPOTrainer) -> dict:
+    "What a checkpoint must be resumed with: the base model and adapters, the data, the rewards."
+    return {"policy": self.policy.fingerprint(), "dataset": self.dataset.fingerprint(),
+            "reward": {k: reward_name(f) for k, f in (("reward_fn", self.reward_fn), ("ar_reward_fn", self.ar_reward_fn),
+                                                      ("dit_reward_fn", self.dit_reward_fn))}}
 
 @patch
 def save(self: GRPOTrainer, directory: str | Path | None = None) -> Path | None:
@@ -478,21 +574,26 @@ def save(self: GRPOTrainer, directory: str | Path | None = None) -> Path | None:
         if self.output_dir is None: raise ValueError("save: pass a directory, or give the trainer an output_dir.")
         directory = self.output_dir / "checkpoints" / f"step-{self.step_count:06d}"
     directory = Path(directory)
+    ours = self.output_dir is not None and directory.parent == self.output_dir / "checkpoints"
     if acc.is_main_process:
-        with atomic_folder(directory) as tmp:
+        if self._lock is not None: self._lock.check()
+        if ours: remove_leftovers(directory.parent)
+        with atomic_folder(directory, "checkpoint", "save") as tmp:
             self.policy.save_adapters(tmp / "adapters")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             state = {"step": self.step_count, "history": self.history, "consecutive_skips": self.consecutive_skips,
-                     "skipped_total": self.skipped_total, "config": self.config.to_dict(),
+                     "skipped_total": self.skipped_total, "config": self.config.to_dict(), "run": self._run_identity(),
                      "rng": {"torch": torch.get_rng_state().tolist(), "python": list(random.getstate()[1]),
                              "python_pos": random.getstate()[2], "numpy": np.random.get_state()[1].tolist(),
                              "numpy_pos": int(np.random.get_state()[2])}}
             (tmp / "trainer_state.json").write_text(json.dumps(state))
-        if self.output_dir is not None and directory.parent == self.output_dir / "checkpoints":
+            (tmp / "digests.json").write_text(json.dumps(file_digests(tmp)))   # every file above, checked on resume
+        if ours:
             for old in _checkpoints(directory.parent)[:-self.config.keep_checkpoints]: shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return directory
 
+# %% ../nbs/05_trainer.ipynb #22d2ac54
 def _resolve_checkpoint(directory) -> Path:
     d = Path(directory)
     if (d / "trainer_state.json").exists(): return d
@@ -500,19 +601,91 @@ def _resolve_checkpoint(directory) -> Path:
     if not found: raise ValueError(f"resume: no complete checkpoint in {d}; pass a checkpoint folder (with trainer_state.json) or an output_dir.")
     return found[-1]
 
+def _damaged(f: Path, e: Exception) -> ValueError:
+    others = [p.name for p in _checkpoints(f.parent.parent) if p != f.parent]
+    hint = f"resume from an earlier checkpoint ({', '.join(others)})" if others else "no other checkpoint is left"
+    return ValueError(f"resume: {f} cannot be read ({type(e).__name__}: {e}); the checkpoint is damaged, {hint}.")
+
+def _read_checkpoint(ckpt: Path) -> tuple[dict, dict]:
+    "trainer_state.json and the optimiser state, after checking every file against digests.json."
+    if (ckpt / "digests.json").exists():
+        try: digests = json.loads((ckpt / "digests.json").read_text())
+        except (OSError, ValueError) as e: raise _damaged(ckpt / "digests.json", e) from None
+        check_digests(ckpt, digests, "resume")
+    else: warnings.warn(f"resume: {ckpt} has no digests.json (written by an older version); its files are not verified.")
+    try: state = json.loads((ckpt / "trainer_state.json").read_text())
+    except (OSError, ValueError) as e: raise _damaged(ckpt / "trainer_state.json", e) from None
+    try: opt = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
+        raise _damaged(ckpt / "optimizer.pt", e) from None
+    return state, opt
+
+def _differences(stored: dict | None, now: dict) -> dict[str, str]:
+    "{what: 'stored -> now'} for the parts of a run's identity that differ."
+    if not stored: return {}
+    out, sp, np_ = {}, stored["policy"], now["policy"]
+    if (sp["base"], sp["load_in_4bit"]) != (np_["base"], np_["load_in_4bit"]):
+        desc = lambda p: f"{p['model']} ({'NF4' if p['load_in_4bit'] else 'full precision'}, fingerprint {p['base']})"
+        out["model"] = f"base model {desc(sp)} -> {desc(np_)}"
+    halves = sorted(set(sp["adapters"]) | set(np_["adapters"]))
+    changed = [f"{h} {k} {sp['adapters'].get(h, {}).get(k)} -> {np_['adapters'].get(h, {}).get(k)}" for h in halves
+               for k in sorted(set(sp["adapters"].get(h, {})) | set(np_["adapters"].get(h, {})))
+               if sp["adapters"].get(h, {}).get(k) != np_["adapters"].get(h, {}).get(k)]
+    if changed: out["adapters"] = "adapters: " + "; ".join(changed)
+    if stored["dataset"] != now["dataset"]:
+        out["dataset"] = f"dataset fingerprint {stored['dataset']} -> {now['dataset']} (other prompts or images)"
+    rs = [f"{k} {stored['reward'][k]!r} -> {now['reward'][k]!r}" for k in now["reward"] if stored["reward"].get(k) != now["reward"][k]]
+    if rs: out["reward"] = "rewards: " + "; ".join(rs)
+    return out
+
 @patch(cls_method=True)
-def resume(cls: GRPOTrainer, directory: str | Path, policy: GlmImagePolicy, reward_fn, dataset, **overrides) -> GRPOTrainer:
+def resume(cls: GRPOTrainer, directory: str | Path, policy: GlmImagePolicy, reward_fn, dataset,
+           allow_changes: tuple[str, ...] = (), **overrides) -> GRPOTrainer:
     "A trainer continuing exactly from a checkpoint (or the latest one in an output_dir); `overrides` change settings."
+    # allow_changes: parts of the run that may differ from the checkpoint's ("model", "adapters", "dataset", "reward")
     ckpt = _resolve_checkpoint(directory)
-    state = json.loads((ckpt / "trainer_state.json").read_text())
+    state, opt = _read_checkpoint(ckpt)
     if "output_dir" not in overrides and ckpt.parent.name == "checkpoints": overrides["output_dir"] = ckpt.parent.parent
-    trainer = cls(policy, reward_fn, dataset, config=GRPOConfig(**state["config"]), **overrides)
+    try: stored = GRPOConfig(**state["config"])
+    except (TypeError, ValueError, KeyError) as e: raise _damaged(ckpt / "trainer_state.json", e) from None
+    settings = {k: v for k, v in overrides.items() if k in stored.to_dict()}
+    trainer = cls(policy, reward_fn, dataset, config=stored, _resuming=True, **overrides)
+    diff = _differences(state.get("run"), trainer._run_identity())
+    refused = {k: v for k, v in diff.items() if k not in allow_changes}
+    if refused:
+        trainer.close()
+        raise ValueError(f"resume: {ckpt} belongs to a run with another " + ", ".join(refused) + ":\n  "
+                         + "\n  ".join(refused.values()) + f"\nResume with what the run was trained with, or pass "
+                         f"allow_changes={tuple(refused)} to continue it anyway.")
+    groups = [len(g["params"]) for g in opt.get("param_groups", [])]
+    if groups != [len(g["params"]) for g in trainer.optimizer.param_groups]:
+        trainer.close()
+        raise ValueError(f"resume: {ckpt / 'optimizer.pt'} holds optimiser state for parameter groups of sizes {groups}, "
+                         "but this trainer trains others; resume with the checkpoint's train_ar/train_dit settings.")
     policy.load_adapters(ckpt / "adapters")
-    trainer.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
+    trainer.optimizer.load_state_dict(opt)
     trainer.step_count, trainer.history = state["step"], state["history"]
     trainer.consecutive_skips, trainer.skipped_total = state["consecutive_skips"], state["skipped_total"]
+    trainer.changed_settings = {k: (getattr(stored, k), v) for k, v in settings.items() if getattr(stored, k) != v}
     rng = state["rng"]
     torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
     random.setstate((3, tuple(rng["python"]), rng["python_pos"]))
     np.random.set_state(("MT19937", np.array(rng["numpy"], dtype=np.uint32), rng["numpy_pos"], 0, 0.0))
+    if trainer._lock is not None:   # this run's folder: drop what came after the checkpoint
+        trainer._truncate_metrics(trainer.step_count)
+        remove_leftovers(trainer.output_dir / "checkpoints")
     return trainer
+
+@patch
+def _truncate_metrics(self: GRPOTrainer, step: int) -> None:
+    "Keep metrics.jsonl's rows of steps before `step` (a crashed run may have logged steps after its last checkpoint)."
+    f = self.output_dir / "metrics.jsonl"
+    if not f.exists(): return
+    keep = []
+    for line in f.read_text().splitlines():
+        try: row = json.loads(line)
+        except ValueError: continue   # a line cut short by the crash
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step: keep.append(line)
+    tmp = f.with_name(".metrics.jsonl.tmp")
+    tmp.write_text("".join(l + "\n" for l in keep))
+    os.replace(tmp, f)
