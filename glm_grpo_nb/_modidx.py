@@ -354,6 +354,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'glm_grpo_nb.trainer._columns': ('trainer.html#_columns', 'glm_grpo_nb/trainer.py'),
                                      'glm_grpo_nb.trainer._damaged': ('trainer.html#_damaged', 'glm_grpo_nb/trainer.py'),
                                      'glm_grpo_nb.trainer._differences': ('trainer.html#_differences', 'glm_grpo_nb/trainer.py'),
+                                     'glm_grpo_nb.trainer._identity': ('trainer.html#_identity', 'glm_grpo_nb/trainer.py'),
                                      'glm_grpo_nb.trainer._order': ('trainer.html#_order', 'glm_grpo_nb/trainer.py'),
                                      'glm_grpo_nb.trainer._read_checkpoint': ('trainer.html#_read_checkpoint', 'glm_grpo_nb/trainer.py'),
                                      'glm_grpo_nb.trainer._repeat': ('trainer.html#_repeat', 'glm_grpo_nb/trainer.py'),

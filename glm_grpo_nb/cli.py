@@ -15,7 +15,7 @@ from fastcore.script import anno_parser
 
 from . import __version__
 from .config import GRPOConfig
-from .hub import check_image_size, resolve_model
+from .hub import check_folder, check_image_size, mark_folder, resolve_model
 
 # %% auto #0
 __all__ = ['DEMO_PROMPTS', 'TRAIN_DEFAULTS', 'COMMANDS', 'tiny', 'generate', 'demo', 'parse_rewards', 'config_options', 'train',
@@ -108,9 +108,8 @@ def demo(
     from glm_grpo_nb.tiny import make_tiny_glm_image
     from glm_grpo_nb.trainer import GRPOTrainer
     from glm_grpo_nb.policy import GlmImagePolicy
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / "metrics.jsonl").exists(): (out / "metrics.jsonl").unlink()
+    out = mark_folder(out, "run", "demo: --out")   # new, empty, or an earlier demo's folder
+    if (out / "metrics.jsonl").exists(): (out / "metrics.jsonl").unlink()      # each demo is a fresh run
     model = make_tiny_glm_image(out / "model")
     policy = GlmImagePolicy.from_pretrained(model, ar_lora=8, dit_lora=8, device="cpu", lora_seed=seed, verbose=False)
     trainer = GRPOTrainer(policy, RednessReward(), DEMO_PROMPTS, group_size=group_size, prompts_per_step=prompts_per_step,
@@ -193,6 +192,7 @@ def train(
     load_in_4bit: bool = False,  # load the base weights in NF4 (QLoRA)
     resize: bool = False,      # resize targets/sources to height x width instead of refusing other sizes
     device: str = None,        # torch device (default: CUDA if available)
+    allow_changes: str = "",   # on resume: parts that may differ from the checkpoint (model,adapters,dataset,reward)
     **settings,                # GRPOConfig settings given as options (--group-size 4, --sde-window 0 1, ...)
 ):
     "GRPO-train a GLM-Image model's adapters on your prompts and rewards; resumes from `out` if it holds checkpoints."
@@ -200,6 +200,10 @@ def train(
         if not v: raise ValueError(f"train: {name} is required.")
     config = GRPOConfig().replace(**{**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
     model = resolve_model(model, "train: --model")
+    check_folder(out, "run", "train: --out")
+    allowed = tuple(filter(None, (a.strip() for a in allow_changes.split(","))))
+    unknown = set(allowed) - {"model", "adapters", "dataset", "reward"}
+    if unknown: raise ValueError(f"train: --allow-changes takes model, adapters, dataset, reward; got {', '.join(sorted(unknown))}.")
     from glm_grpo_nb.data import PromptDataset
     from glm_grpo_nb.policy import GlmImagePolicy
     from glm_grpo_nb.rewards import combine
@@ -212,14 +216,19 @@ def train(
                                             dit_lora=dit_lora if config.train_dit else None,
                                             device=device, lora_seed=config.seed)
     if _checkpoints(Path(out) / "checkpoints"):
-        trainer = GRPOTrainer.resume(out, policy, reward_fn, dataset, output_dir=out, **settings)
-        print(f"resumed from step {trainer.step_count}"
-              + (f"; options given now override the stored settings: {settings}" if settings else ""))
+        try: trainer = GRPOTrainer.resume(out, policy, reward_fn, dataset, allow_changes=allowed, output_dir=out, **settings)
+        except ValueError as e:
+            raise ValueError(f"{e}\n(--out {out} holds that run: run with the flags it was trained with, pass "
+                             "--allow-changes with the parts to change, or use another --out.)") from None
+        changed = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in trainer.changed_settings.items())
+        print(f"resumed from step {trainer.step_count} of {out}; " + (f"changed settings: {changed}" if changed else
+              "settings as stored"))
     else:
         trainer = GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out)
     trainer.fit(max(0, steps - trainer.step_count))
     trainer.save()
     policy.save_adapters(Path(out) / "adapters")
+    trainer.close()
     print(f"wrote {Path(out) / 'adapters'} and {Path(out) / 'metrics.jsonl'}")
     return 0
 

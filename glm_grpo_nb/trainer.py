@@ -559,12 +559,16 @@ def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, fl
     return res
 
 # %% ../nbs/05_trainer.ipynb #9ba11b87
+def _identity(policy, dataset: PromptDataset, reward_fn, ar_reward_fn=None, dit_reward_fn=None) -> dict:
+    "What a checkpoint must be resumed with: the base model and adapters, the data, the rewards."
+    rewards = {"reward_fn": reward_fn, "ar_reward_fn": reward_fn if ar_reward_fn is None else ar_reward_fn,
+               "dit_reward_fn": reward_fn if dit_reward_fn is None else dit_reward_fn}
+    return {"policy": policy.fingerprint(), "dataset": dataset.fingerprint(),
+            "reward": {k: reward_name(f) for k, f in rewards.items()}}
+
 @patch
 def _run_identity(self: GRPOTrainer) -> dict:
-    "What a checkpoint must be resumed with: the base model and adapters, the data, the rewards."
-    return {"policy": self.policy.fingerprint(), "dataset": self.dataset.fingerprint(),
-            "reward": {k: reward_name(f) for k, f in (("reward_fn", self.reward_fn), ("ar_reward_fn", self.ar_reward_fn),
-                                                      ("dit_reward_fn", self.dit_reward_fn))}}
+    return _identity(self.policy, self.dataset, self.reward_fn, self.ar_reward_fn, self.dit_reward_fn)
 
 @patch
 def save(self: GRPOTrainer, directory: str | Path | None = None) -> Path | None:
@@ -649,14 +653,14 @@ def resume(cls: GRPOTrainer, directory: str | Path, policy: GlmImagePolicy, rewa
     try: stored = GRPOConfig(**state["config"])
     except (TypeError, ValueError, KeyError) as e: raise _damaged(ckpt / "trainer_state.json", e) from None
     settings = {k: v for k, v in overrides.items() if k in stored.to_dict()}
-    trainer = cls(policy, reward_fn, dataset, config=stored, _resuming=True, **overrides)
-    diff = _differences(state.get("run"), trainer._run_identity())
-    refused = {k: v for k, v in diff.items() if k not in allow_changes}
-    if refused:
-        trainer.close()
+    dataset = _as_dataset(dataset)
+    now = _identity(policy, dataset, reward_fn, overrides.get("ar_reward_fn"), overrides.get("dit_reward_fn"))
+    refused = {k: v for k, v in _differences(state.get("run"), now).items() if k not in allow_changes}
+    if refused:   # checked before the trainer exists: a refused resume takes no lock and loads nothing
         raise ValueError(f"resume: {ckpt} belongs to a run with another " + ", ".join(refused) + ":\n  "
                          + "\n  ".join(refused.values()) + f"\nResume with what the run was trained with, or pass "
                          f"allow_changes={tuple(refused)} to continue it anyway.")
+    trainer = cls(policy, reward_fn, dataset, config=stored, _resuming=True, **overrides)
     groups = [len(g["params"]) for g in opt.get("param_groups", [])]
     if groups != [len(g["params"]) for g in trainer.optimizer.param_groups]:
         trainer.close()
