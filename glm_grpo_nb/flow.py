@@ -65,7 +65,8 @@ class LatentTrajectory:
     sigmas: torch.Tensor              # [S+1] sigma before each step, then 0
     stochastic: torch.Tensor          # [S] bool: which steps were SDE steps
     step_std: torch.Tensor            # [S] transition std tau of each step (0 for ODE steps)
-    prompt_embeds: torch.Tensor       # [N, P, D] glyph embeddings
+    prompt_embeds: torch.Tensor       # [N, P, D] glyph embeddings, each prompt's encoded alone, left-padded with zeros
+    embed_lengths: torch.Tensor       # [N] length of each sample's glyph embeddings without the padding
     negative_prompt_embeds: torch.Tensor | None  # [N, P0, D] empty-prompt glyphs (None without guidance)
     noise_level: float
     sde_type: str
@@ -82,6 +83,7 @@ class LatentTrajectory:
         neg = self.negative_prompt_embeds
         return dataclasses.replace(self, rollout=self.rollout.select(rows), latents=self.latents[rows],
                                    logprobs=self.logprobs[rows], prompt_embeds=self.prompt_embeds[rows],
+                                   embed_lengths=self.embed_lengths[rows],
                                    negative_prompt_embeds=None if neg is None else neg[rows])
 
     def regroup(self, group_size: int) -> "LatentTrajectory":
@@ -153,6 +155,25 @@ def _velocity(self: GlmImagePolicy, x, t, prior, embeds, neg_embeds, guidance_sc
         v = v_u + guidance_scale * (v - v_u)
     return v
 
+@patch
+def _glyph_embeds(self: GlmImagePolicy, prompts, group_size, cfg, dtype):
+    "Glyph embeddings [N, P, D] of each prompt encoded alone, left-padded; their lengths [N]; the empty prompt's."
+    # The stock pipeline pads a batch's glyph embeddings with zeros that the DiT attends to (it has no working text
+    # mask), so a sample's image would depend on the other prompts in its batch. Encoding each prompt alone and running
+    # the DiT on rows of equal length gives every sample what the pipeline gives its prompt alone.
+    pipe, dev, G = self.pipeline, self.device, group_size
+    parts = [pipe.encode_prompt([p], cfg, num_images_per_prompt=G, device=dev, dtype=dtype) for p in prompts]
+    P = max(e.shape[1] for e, _ in parts)
+    embeds = torch.cat([torch.cat([e.new_zeros(e.shape[0], P - e.shape[1], e.shape[2]), e], 1) for e, _ in parts])
+    lengths = torch.tensor([e.shape[1] for e, _ in parts]).repeat_interleave(G)
+    return embeds, lengths, (torch.cat([n for _, n in parts]) if cfg else None)
+
+def _length_groups(lengths: torch.Tensor, rows) -> dict[int, list[int]]:
+    "{glyph length: the rows (of `rows`) with it}, in order: rows that can share a DiT forward."
+    out = {}
+    for r in rows: out.setdefault(int(lengths[r]), []).append(r)
+    return out
+
 # %% ../nbs/02b_flow.ipynb #a617c7f4
 @patch
 def sample_latents(
@@ -191,12 +212,17 @@ def sample_latents(
     cfg = guidance_scale > 1
     with torch.no_grad():
         B, G = len(rollout.prompts), rollout.group_size
-        embeds, neg = pipe.encode_prompt(rollout.prompts, cfg, num_images_per_prompt=G, device=dev, dtype=dtype)
-        cache = self._condition_cache(rollout, list(range(B)), dtype) if rollout.images else None
+        embeds, lengths, neg = self._glyph_embeds(rollout.prompts, G, cfg, dtype)
+        groups = _length_groups(lengths, range(N))   # whole prompt groups: a prompt's samples share its glyphs
+        caches = {P: self._condition_cache(rollout, sorted({r // G for r in rows}), dtype) if rollout.images else None
+                  for P, rows in groups.items()}
         prior = rollout.prior_token_ids.to(dev)
         path, logprobs, stds = [x.cpu()], torch.zeros(N, num_steps), torch.zeros(num_steps)
         for i in range(num_steps):
-            v = self._velocity(x, timesteps[i], prior, embeds, neg, guidance_scale, cache, H, W)
+            v = torch.empty_like(x)
+            for P, rows in groups.items():
+                v[rows] = self._velocity(x[rows], timesteps[i], prior[rows], embeds[rows, -P:],
+                                         None if neg is None else neg[rows], guidance_scale, caches[P], H, W)
             s, s_next = sigmas[i].item(), sigmas[i + 1].item()
             if i in window:
                 mean, tau = sde_step(x, v, s, s_next, noise_level, sde_type, sigmas[1].item())
@@ -211,6 +237,7 @@ def sample_latents(
             path.append(x.cpu())
     return LatentTrajectory(rollout=rollout, latents=torch.stack(path, 1), logprobs=logprobs, timesteps=timesteps,
                             sigmas=sigmas, stochastic=stds > 0, step_std=stds, prompt_embeds=embeds.cpu(),
+                            embed_lengths=lengths,
                             negative_prompt_embeds=neg.cpu() if neg is not None else None, noise_level=noise_level,
                             sde_type=sde_type, guidance_scale=guidance_scale)
 
@@ -243,24 +270,29 @@ def latent_logprobs(
     grad = torch.is_grad_enabled()
     was_training = self.transformer.training
     self.transformer.train(grad)  # only so checkpointing engages; the DiT has no dropout
+    order = []
     try:
         for start in range(0, N, mb):
-            rows = list(range(start, min(start + mb, N)))
-            cache = self._condition_cache(traj.rollout, [r // G for r in rows], self.dit_dtype) if traj.rollout.images else None
-            embeds = traj.prompt_embeds[rows].to(dev)
-            neg = traj.negative_prompt_embeds[rows].to(dev) if traj.negative_prompt_embeds is not None else None
-            prior = traj.rollout.prior_token_ids[rows].to(dev)
-            lp = torch.zeros(len(rows), S, device=dev)
-            step_means = []
-            for i in steps:
-                x, x_next = traj.latents[rows, i].to(dev), traj.latents[rows, i + 1].to(dev)
-                v = self._velocity(x, traj.timesteps[i], prior, embeds, neg, traj.guidance_scale, cache, traj.rollout.height, traj.rollout.width)
-                mean, tau = sde_step(x, v, traj.sigmas[i].item(), traj.sigmas[i + 1].item(), traj.noise_level, traj.sde_type, traj.sigmas[1].item())
-                lp[:, i] = gaussian_logprob(x_next, mean, tau)
-                step_means.append(mean)
-            out.append(lp)
-            if return_means: means.append(torch.stack(step_means, 1))
+            for P, rows in _length_groups(traj.embed_lengths, range(start, min(start + mb, N))).items():
+                cache = (self._condition_cache(traj.rollout, [r // G for r in rows], self.dit_dtype)
+                         if traj.rollout.images else None)
+                embeds = traj.prompt_embeds[rows, -P:].to(dev)
+                neg = traj.negative_prompt_embeds[rows].to(dev) if traj.negative_prompt_embeds is not None else None
+                prior = traj.rollout.prior_token_ids[rows].to(dev)
+                lp = torch.zeros(len(rows), S, device=dev)
+                step_means = []
+                for i in steps:
+                    x, x_next = traj.latents[rows, i].to(dev), traj.latents[rows, i + 1].to(dev)
+                    v = self._velocity(x, traj.timesteps[i], prior, embeds, neg, traj.guidance_scale, cache,
+                                       traj.rollout.height, traj.rollout.width)
+                    mean, tau = sde_step(x, v, traj.sigmas[i].item(), traj.sigmas[i + 1].item(), traj.noise_level,
+                                         traj.sde_type, traj.sigmas[1].item())
+                    lp[:, i] = gaussian_logprob(x_next, mean, tau)
+                    step_means.append(mean)
+                out.append(lp); order += rows
+                if return_means: means.append(torch.stack(step_means, 1))
     finally:
         self.transformer.train(was_training)
-    lp = torch.cat(out, 0)
-    return (lp, torch.cat(means, 0)) if return_means else lp
+    back = torch.argsort(torch.tensor(order)).to(dev)   # rows were grouped by glyph length: back to their order
+    lp = torch.cat(out, 0)[back]
+    return (lp, torch.cat(means, 0)[back]) if return_means else lp

@@ -1,4 +1,4 @@
-"Data parallelism: a 2-process CPU (gloo) update equals the single-process update on the same global batch."
+"Data parallelism: 2-process CPU (gloo) updates and fits equal the single-process ones on the same global batch."
 import socket
 import subprocess
 import sys
@@ -39,3 +39,28 @@ def test_two_processes_equal_one(tiny_path, tmp_path):
     with safe_open(one, "pt") as f1, safe_open(two, "pt") as f2:
         assert (f1.metadata()["num_processes"], f2.metadata()["num_processes"]) == ("1", "2")
         assert f1.metadata()["reward_std"] == f2.metadata()["reward_std"]  # batch statistics were gathered
+
+
+FIT = Path(__file__).parent / "ddp_fit.py"
+
+
+def test_two_process_fit_equals_one(tiny_path, tmp_path):
+    "fit(): each process samples its share of the global batch (seeded by global sample index); same adapters."
+    import json
+    one, two = tmp_path / "one.safetensors", tmp_path / "two.safetensors"
+    run([sys.executable, str(FIT), str(one), str(tiny_path), str(tmp_path / "run1")])
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(free_port()), str(FIT), str(two), str(tiny_path), str(tmp_path / "run2")])
+    a, b = load_file(one), load_file(two)
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a: assert torch.allclose(a[k], b[k], atol=1e-6), (k, (a[k] - b[k]).abs().max())
+    assert max(a[k].abs().max() for k in a if "lora_B" in k) > 1e-5   # two steps moved the adapters
+    with safe_open(one, "pt") as f1, safe_open(two, "pt") as f2:
+        r1 = [float(x) for x in f1.metadata()["rewards"].split()]
+        r2 = [float(x) for x in f2.metadata()["rewards"].split()]
+    assert len(r1) == 2 and all(abs(x - y) < 1e-5 for x, y in zip(r1, r2)), (r1, r2)   # the same samples
+    for d in ("run1", "run2"):   # checkpoints and metrics written once, by the main process
+        rows = [json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [0, 1]
+        assert sorted(p.name for p in (tmp_path / d / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
+        assert not (tmp_path / d / "run.lock").exists()   # released when the run ended
