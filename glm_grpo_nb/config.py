@@ -33,6 +33,9 @@ class GRPOConfig:
     num_steps: int = setting(10, "denoising steps while training")
     noise_level: float = setting(0.7, "SDE noise scale a of the stochastic denoising steps")
     sde_type: str = setting("sde", "stochastic step: sde (Flow-GRPO) or cps (coefficient-preserving)", ("sde", "cps"))
+    cps_logprob: str = setting("density", "cps step log-prob: density (exact Gaussian, PPO clip ranges apply) or "
+                               "squared (Flow-GRPO's CPS form; log-ratios 2 tau^2 times the density's)",
+                               ("density", "squared"))
     sde_window: list[int] | None = setting(None, "stochastic (trained) denoising steps (default: the first quarter)")
     guidance_scale: float = setting(1.5, "DiT classifier-free guidance (<= 1: the conditional branch only)")
     # what trains, and how
@@ -81,6 +84,9 @@ class GRPOConfig:
             if not isinstance(getattr(self, name), bool): raise self._bad(name, "True or False")
         if not (self.train_ar or self.train_dit):
             raise ValueError("GRPOConfig: train_ar and train_dit are both False; nothing would train.")
+        if self.cps_logprob == "squared" and self.sde_type != "cps":
+            raise ValueError("GRPOConfig: cps_logprob='squared' is Flow-GRPO's form of the cps step; pass "
+                             "sde_type='cps' with it, or keep cps_logprob='density'.")
         if self.train_dit and self.noise_level == 0:
             raise ValueError("GRPOConfig: noise_level=0 makes every denoising step deterministic, so the DiT has no "
                              "log-probs to train; pass noise_level > 0 (e.g. 0.7) or train_dit=False.")

@@ -25,7 +25,7 @@ from .policy import GlmImagePolicy, generators, randn_rows, sample_seeds
 if TYPE_CHECKING: from glm_grpo_nb.tokens import TokenRollout  # flow never imports tokens at run time
 
 # %% auto #0
-__all__ = ['sde_step', 'gaussian_logprob', 'LatentTrajectory']
+__all__ = ['sde_step', 'gaussian_logprob', 'step_logprob', 'LatentTrajectory']
 
 # %% ../nbs/02b_flow.ipynb #71126461
 def sde_step(
@@ -54,6 +54,12 @@ def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float) -> torch.T
     lp = -((x - mean) ** 2) / (2 * std ** 2) - math.log(std) - 0.5 * math.log(2 * math.pi)
     return lp.mean(dim=(-3, -2, -1))
 
+def step_logprob(x: torch.Tensor, mean: torch.Tensor, std: float, form: str = "density") -> torch.Tensor:
+    "[n] a step's log-prob: the Gaussian `density` (exact), or Flow-GRPO's CPS form `squared`, -mean((x - mean)^2)."
+    if form == "density": return gaussian_logprob(x, mean, std)
+    if form == "squared": return -((x - mean) ** 2).mean(dim=(-3, -2, -1))
+    raise ValueError(f"cps_logprob must be 'density' or 'squared', got {form!r}.")
+
 # %% ../nbs/02b_flow.ipynb #6e6d799e
 @dataclass
 class LatentTrajectory:
@@ -71,6 +77,7 @@ class LatentTrajectory:
     noise_level: float
     sde_type: str
     guidance_scale: float
+    cps_logprob: str = "density"      # "density" or Flow-GRPO's CPS form "squared" (see `step_logprob`)
 
     @property
     def num_steps(self) -> int: return self.logprobs.shape[1]
@@ -186,11 +193,15 @@ def sample_latents(
     guidance_scale: float = 1.5, # classifier-free guidance; <= 1 runs the conditional branch only
     seed: int | list[int] | None = None,  # an int, or one seed per sample: its initial and SDE noise
     initial_noise: torch.Tensor | None = None,  # [N, C, h, w] starting latents instead of fresh noise
+    cps_logprob: str = "density",  # step log-prob: Gaussian "density", or "squared" (Flow-GRPO's CPS form; cps only)
 ) -> LatentTrajectory:
     "Denoise the rollout's prior tokens with SDE steps in a window; record every latent and step log-prob."
     if not isinstance(num_steps, int) or num_steps < 1: raise ValueError(f"sample_latents: num_steps must be an int >= 1, got {num_steps!r}.")
     if noise_level < 0: raise ValueError(f"sample_latents: noise_level must be >= 0, got {noise_level}.")
     if sde_type not in ("sde", "cps"): raise ValueError(f"sample_latents: sde_type must be 'sde' or 'cps', got {sde_type!r}.")
+    if cps_logprob not in ("density", "squared") or (cps_logprob == "squared" and sde_type != "cps"):
+        raise ValueError(f"sample_latents: cps_logprob must be 'density', or 'squared' with sde_type='cps'; got "
+                         f"{cps_logprob!r} with sde_type={sde_type!r}.")
     pipe, dev, N = self.pipeline, self.device, rollout.num_samples
     H, W = rollout.height, rollout.width
     p, vsf = self.transformer.config.patch_size, pipe.vae_scale_factor
@@ -229,7 +240,7 @@ def sample_latents(
                 if tau > 0:
                     noise = randn_rows(gens, shape[1:], dev)
                     x = mean + tau * noise
-                    logprobs[:, i] = gaussian_logprob(x, mean, tau).cpu()
+                    logprobs[:, i] = step_logprob(x, mean, tau, cps_logprob).cpu()
                     stds[i] = tau
                 else: x = mean
             else:
@@ -239,7 +250,7 @@ def sample_latents(
                             sigmas=sigmas, stochastic=stds > 0, step_std=stds, prompt_embeds=embeds.cpu(),
                             embed_lengths=lengths,
                             negative_prompt_embeds=neg.cpu() if neg is not None else None, noise_level=noise_level,
-                            sde_type=sde_type, guidance_scale=guidance_scale)
+                            sde_type=sde_type, guidance_scale=guidance_scale, cps_logprob=cps_logprob)
 
 # %% ../nbs/02b_flow.ipynb #85d35acf
 @patch
@@ -287,7 +298,7 @@ def latent_logprobs(
                                        traj.rollout.height, traj.rollout.width)
                     mean, tau = sde_step(x, v, traj.sigmas[i].item(), traj.sigmas[i + 1].item(), traj.noise_level,
                                          traj.sde_type, traj.sigmas[1].item())
-                    lp[:, i] = gaussian_logprob(x_next, mean, tau)
+                    lp[:, i] = step_logprob(x_next, mean, tau, traj.cps_logprob)
                     step_means.append(mean)
                 out.append(lp); order += rows
                 if return_means: means.append(torch.stack(step_means, 1))

@@ -275,7 +275,7 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
     ps, ts, ss = _repeat(prompts, G), _repeat(targets, G), _repeat(sources, G)
     score = lambda reward_fn, images: evaluate_reward(reward_fn, images, ps, ts, ss, group_size=G)
     latent_kw = dict(num_steps=c.num_steps, sde_type=c.sde_type, sde_window=c.sde_window,
-                     guidance_scale=c.guidance_scale)
+                     guidance_scale=c.guidance_scale, cps_logprob=c.cps_logprob)
     with _timed(sec, "sample_ar"):
         roll = pol.sample_tokens(prompts, G, c.height, c.width, images=sources, temperature=c.temperature,
                                  top_k=c.top_k, top_p=c.top_p, seed=seeds(len(ps)))
