@@ -95,7 +95,7 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
               micro_batch_size, num_steps, sde_window, guidance_scale, dtype_bytes, reward_model_params, prompt_len, decode_batch):
     ar, dit, t5, vae = mods["ar"], mods["dit"], mods["text_encoder"], mods["vae"]
     N = group_size * prompts_per_step
-    mb = min(micro_batch_size or N, N)
+    mb = N if micro_batch_size is None else min(micro_batch_size, N)
     fp32_other = 4 if load_in_4bit else None  # peft's k-bit preparation upcasts the non-quantised AR parameters
     resident = {
         "AR weights": module_weight_bytes(ar, dtype_bytes, ar_quantized if load_in_4bit else (lambda n, m: False), fp32_other),
@@ -154,9 +154,11 @@ def plan(
 ) -> MemoryPlan:
     "Predict the peak GPU memory of a GRPO step; suggest settings that fit when it does not."
     if train not in ("ar", "dit", "both"): raise ValueError(f"plan: train must be 'ar', 'dit' or 'both', got {train!r}.")
+    for name, v in (("group_size", group_size), ("prompts_per_step", prompts_per_step), ("micro_batch_size", micro_batch_size)):
+        if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"plan: {name} must be an int >= 1, got {v!r}.")
     check_image_size(height, width, "plan")
     if dtype not in DTYPE_BYTES: raise ValueError(f"plan: dtype must be one of {list(DTYPE_BYTES)}, got {dtype!r}.")
-    mods = modules or real_modules()
+    mods = real_modules() if modules is None else modules
     args = dict(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=load_in_4bit,
                 lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing, micro_batch_size=micro_batch_size,
                 num_steps=num_steps, sde_window=sde_window, guidance_scale=guidance_scale, dtype_bytes=DTYPE_BYTES[dtype],
