@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import socket
 import time
@@ -20,9 +21,10 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'AR_LORA_MODULES', 'AR_LORA_TARGETS', 'DIT_LORA_TARGETS',
-           'DIT_LORA_TARGETS_FF', 'MARKER', 'resolve_model', 'check_image_size', 'token_grid', 'lora_targeted',
-           'sde_steps', 'folder_kind', 'check_folder', 'mark_folder', 'atomic_folder', 'remove_leftovers',
-           'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock']
+           'DIT_LORA_TARGETS_FF', 'MARKER', 'HARMLESS_NOTICES', 'resolve_model', 'check_image_size', 'token_grid',
+           'lora_targeted', 'sde_steps', 'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder',
+           'atomic_folder', 'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests', 'check_digests',
+           'RunLock', 'hush_harmless_notices', 'quiet_io']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -102,10 +104,20 @@ def sde_steps(sde_window, num_steps: int) -> list[int]:
 # %% ../nbs/00a_hub.ipynb #38ecb6e9
 MARKER = ".glm_grpo_nb.json"  # in every folder written here: what it holds
 
+def folder_info(path: str | Path) -> dict:
+    "The marker of a folder this toolkit wrote ({'kind': ..., and what else it recorded}), or {}."
+    try: info = json.loads((Path(path) / MARKER).read_text())
+    except (OSError, ValueError): return {}
+    return info if isinstance(info, dict) else {}
+
 def folder_kind(path: str | Path) -> str | None:
     "What this toolkit wrote in `path` ('model', 'adapters', 'checkpoint', 'run'), or None."
-    try: return json.loads((Path(path) / MARKER).read_text())["kind"]
-    except (OSError, ValueError, KeyError, TypeError): return None
+    return folder_info(path).get("kind")
+
+def model_size(path_or_hub_id: str | Path) -> tuple[int, int] | None:
+    "(width, height) a model folder written here was made for (the tiny model: 64x64), or None if it does not say."
+    size = folder_info(path_or_hub_id).get("size") if Path(str(path_or_hub_id)).expanduser().is_dir() else None
+    return (int(size[0]), int(size[1])) if isinstance(size, list) and len(size) == 2 else None
 
 def check_folder(path: str | Path, kind: str, where: str) -> None:
     "Raise unless `path` is new, an empty folder, or a folder this toolkit marked as `kind`."
@@ -130,14 +142,14 @@ def mark_folder(path: str | Path, kind: str, where: str = "mark_folder") -> Path
     return p
 
 @contextlib.contextmanager
-def atomic_folder(path: str | Path, kind: str, where: str = "write"):
+def atomic_folder(path: str | Path, kind: str, where: str = "write", **info):
     "Yield a temporary sibling of `path` to write into; on success it takes `path`'s place, on failure it is removed."
     path = Path(path)
     check_folder(path, kind, where)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
-        (tmp / MARKER).write_text(json.dumps({"kind": kind}) + "\n")
+        (tmp / MARKER).write_text(json.dumps({"kind": kind, **info}) + "\n")   # `info`: e.g. a model's natural size
         yield tmp
         old = None
         if path.exists():
@@ -240,3 +252,32 @@ class RunLock:
     def release(self) -> None:
         "Remove the lock if it is still ours."
         if (self.holder() or {}).get("token") == self.token: self.path.unlink(missing_ok=True)
+
+# %% ../nbs/00a_hub.ipynb #07c6514a
+HARMLESS_NOTICES = {   # logger: start of a message that is harmless here, and why
+    "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community",  # optional package; the plain CPU kernel runs
+    "diffusers.models.modeling_utils": "There are modules in GlmImageTransformer2DModel that should be kept in float32: []",  # none
+    "transformers.processing_utils": "Kwargs passed to `processor.__call__` have to be in `processor_kwargs`",  # the stock pipeline's target size, still used
+}
+
+class _DropNotice(logging.Filter):
+    def __init__(self, start): super().__init__(); self.start = start
+    def filter(self, record): return not record.getMessage().startswith(self.start)
+
+def hush_harmless_notices() -> None:
+    "Drop the notices of HARMLESS_NOTICES (and only those) from their loggers; calling again changes nothing."
+    for name, start in HARMLESS_NOTICES.items():
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropNotice) and f.start == start for f in log.filters): log.addFilter(_DropNotice(start))
+
+@contextlib.contextmanager
+def quiet_io(progress: bool = False):
+    "Load or save models without transformers' and diffusers' progress bars (unless `progress`)."
+    import diffusers.utils.logging as dl
+    import transformers.utils.logging as tl
+    was = tl.is_progress_bar_enabled(), dl.is_progress_bar_enabled()
+    if not progress: tl.disable_progress_bar(); dl.disable_progress_bar()
+    try: yield
+    finally:
+        (tl.enable_progress_bar if was[0] else tl.disable_progress_bar)()
+        (dl.enable_progress_bar if was[1] else dl.disable_progress_bar)()

@@ -7,10 +7,13 @@ policy, and saves and loads them; the AR half (`tokens`) and the DiT half (`flow
 from __future__ import annotations
 
 import contextlib
+import warnings
 import hashlib
 import json
 from pathlib import Path
 
+from .hub import hush_harmless_notices
+hush_harmless_notices()   # before bitsandbytes loads
 import bitsandbytes as bnb
 import torch
 from fastcore.basics import patch
@@ -22,7 +25,7 @@ from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GlmImageForConditio
                           T5EncoderModel)
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel
 
-from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, atomic_folder, resolve_model
+from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, atomic_folder, quiet_io, resolve_model
 
 # %% auto #0
 __all__ = ['quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds', 'generators', 'randn_rows', 'apply_adapters']
@@ -67,19 +70,23 @@ class GlmImagePolicy(torch.nn.Module):
         self.image_start_id, self.image_end_id, self.image_token_id = cfg.image_start_token_id, cfg.image_end_token_id, cfg.image_token_id
         self.ar_peft, self.source, self.load_in_4bit = None, None, load_in_4bit
         ar_cfg = _lora_config(ar_lora, AR_LORA_TARGETS, "ar_lora")
-        if load_in_4bit:
-            prepare_model_for_kbit_training(vision_language_encoder, use_gradient_checkpointing=gradient_checkpointing,
-                                            gradient_checkpointing_kwargs={"use_reentrant": False})
-            vision_language_encoder.requires_grad_(False)
-        elif gradient_checkpointing:
-            vision_language_encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        with warnings.catch_warnings():   # transformers renamed gradient checkpointing; peft still uses the old names
+            warnings.filterwarnings("ignore", r"`(is_)?gradient_checkpointing(_enable)?` is deprecated", FutureWarning)
+            if load_in_4bit:
+                prepare_model_for_kbit_training(vision_language_encoder, use_gradient_checkpointing=gradient_checkpointing,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+                vision_language_encoder.requires_grad_(False)
+            elif gradient_checkpointing:
+                vision_language_encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         dit_cfg = _lora_config(dit_lora, DIT_LORA_TARGETS, "dit_lora")
         self.has_dit_lora = dit_cfg is not None
         dev = next(vision_language_encoder.parameters()).device
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(lora_seed)  # LoRA A matrices start random: seed them so runs are reproducible
             if ar_cfg is not None:
-                self.ar_peft = get_peft_model(vision_language_encoder, ar_cfg)  # injects LoRA layers in place
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", r"`is_gradient_checkpointing` is deprecated", FutureWarning)
+                    self.ar_peft = get_peft_model(vision_language_encoder, ar_cfg)  # injects LoRA layers in place
                 self.ar_peft.eval()
             if dit_cfg is not None:
                 transformer.add_adapter(dit_cfg)
@@ -126,18 +133,19 @@ def from_pretrained(
         ar_kw.update(quantization_config=BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype),
             device_map={"": device})
-    ar = GlmImageForConditionalGeneration.from_pretrained(src, subfolder="vision_language_encoder", **ar_kw)
-    if not load_in_4bit: ar.to(device)
-    transformer = GlmImageTransformer2DModel.from_pretrained(src, subfolder="transformer", torch_dtype=dtype).to(device)
-    if load_in_4bit: quantize_dit_4bit(transformer, dtype, device)
-    parts = dict(
-        processor=GlmImageProcessor.from_pretrained(src, subfolder="processor"),
-        tokenizer=ByT5Tokenizer.from_pretrained(src, subfolder="tokenizer"),
-        text_encoder=T5EncoderModel.from_pretrained(src, subfolder="text_encoder", dtype=dtype).to(device),
-        vision_language_encoder=ar,
-        transformer=transformer,
-        vae=AutoencoderKL.from_pretrained(src, subfolder="vae", torch_dtype=dtype).to(device),
-        scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(src, subfolder="scheduler"))
+    with quiet_io(progress=verbose):   # the components' loading bars only when verbose
+        ar = GlmImageForConditionalGeneration.from_pretrained(src, subfolder="vision_language_encoder", **ar_kw)
+        if not load_in_4bit: ar.to(device)
+        transformer = GlmImageTransformer2DModel.from_pretrained(src, subfolder="transformer", torch_dtype=dtype).to(device)
+        if load_in_4bit: quantize_dit_4bit(transformer, dtype, device)
+        parts = dict(
+            processor=GlmImageProcessor.from_pretrained(src, subfolder="processor"),
+            tokenizer=ByT5Tokenizer.from_pretrained(src, subfolder="tokenizer"),
+            text_encoder=T5EncoderModel.from_pretrained(src, subfolder="text_encoder", dtype=dtype).to(device),
+            vision_language_encoder=ar,
+            transformer=transformer,
+            vae=AutoencoderKL.from_pretrained(src, subfolder="vae", torch_dtype=dtype).to(device),
+            scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(src, subfolder="scheduler"))
     policy = cls(**parts, ar_lora=ar_lora, dit_lora=dit_lora, gradient_checkpointing=gradient_checkpointing,
                  load_in_4bit=load_in_4bit, lora_seed=lora_seed)
     policy.source = src
@@ -226,7 +234,8 @@ def save_adapters(self: GlmImagePolicy, directory: str | Path) -> Path:
     if self.ar_peft is None and not self.has_dit_lora:
         raise ValueError("save_adapters: this policy has no adapters; load it with ar_lora= or dit_lora=.")
     with atomic_folder(directory, "adapters", "save_adapters") as tmp:
-        if self.ar_peft is not None: self.ar_peft.save_pretrained(tmp / "ar")
+        # the vocabulary is never trained here, so peft need not look for a base model config to compare it with
+        if self.ar_peft is not None: self.ar_peft.save_pretrained(tmp / "ar", save_embedding_layers=False)
         if self.has_dit_lora:
             self.transformer.save_lora_adapter(tmp / "dit")
             _prefix_keys(tmp / "dit" / "pytorch_lora_weights.safetensors", "transformer.")

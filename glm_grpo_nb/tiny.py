@@ -17,7 +17,7 @@ from transformers import (ByT5Tokenizer, GlmImageConfig, GlmImageForConditionalG
 from transformers.models.glm_image.image_processing_pil_glm_image import GlmImageImageProcessorPil
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTransformer2DModel
 
-from .hub import MODEL_INDEX, atomic_folder, check_folder
+from .hub import MODEL_INDEX, atomic_folder, check_folder, quiet_io
 
 # %% auto #0
 __all__ = ['TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'make_tiny_glm_image', 'make_tiny_clip',
@@ -132,7 +132,7 @@ def make_tiny_glm_image(
         torch.manual_seed(seed)
         parts = _tiny_components(codebook_size, full_head)
     if pretrained: _load_pretrained(parts, codebook_size, full_head)
-    with atomic_folder(path, "model", "make_tiny_glm_image") as tmp:
+    with atomic_folder(path, "model", "make_tiny_glm_image", size=[64, 64]) as tmp, quiet_io():
         for name, part in parts.items(): part.save_pretrained(tmp / name)
         (tmp / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=2) + "\n")
     return path
@@ -148,7 +148,7 @@ def _char_tokenizer(max_length=64):
 
 def _save_atomically(path, parts):
     path = Path(path).expanduser()
-    with atomic_folder(path, "model", "make_tiny") as tmp:
+    with atomic_folder(path, "model", "make_tiny") as tmp, quiet_io():
         for p in parts: p.save_pretrained(tmp)
     return path
 

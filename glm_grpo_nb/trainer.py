@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 
 from .config import GRPOConfig
 from .data import PromptDataset
-from .hub import RunLock, atomic_folder, check_digests, file_digests, mark_folder, remove_leftovers
+from .hub import (RunLock, atomic_folder, check_digests, file_digests, mark_folder, model_size,
+                             remove_leftovers)
 from .loss import aggregate, clipped_surrogate, gaussian_kl, group_advantages, kl_k3
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows
 from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward, reward_name
@@ -97,9 +98,16 @@ class StepResult:
         from glm_grpo_nb.widgets import show_group
         return show_group(self, sort=sort, size=size)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-        display(self.show())
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        "In a notebook the widget; elsewhere (nbconvert, test runners) the static figure, which needs no live kernel."
+        from glm_grpo_nb.widgets import in_notebook, plot_group
+        if in_notebook(): return self.show()._repr_mimebundle_(include=include, exclude=exclude)
+        if not self.images: return {"text/plain": repr(self)}
+        import base64, io
+        import matplotlib.pyplot as plt
+        fig, buf = plot_group(self, title=repr(self)), io.BytesIO()
+        fig.savefig(buf, format="png", dpi=64, bbox_inches="tight"); plt.close(fig)
+        return {"image/png": base64.b64encode(buf.getvalue()).decode(), "text/plain": repr(self)}
 
 # %% ../nbs/05_trainer.ipynb #becb5b34
 def _checkpoints(folder: Path) -> list[Path]:
@@ -177,11 +185,12 @@ class GRPOTrainer:
         if self._lock is not None: self._lock.release()
 
     def _default_size(self):
+        "(width, height) when not given: the dataset's resize, its first target's size, the model's own, or 1024²."
         if self.dataset.size: return self.dataset.size
         t = next((e.target for e in self.dataset.examples if e.target), None)
         if t is not None:
             with Image.open(t) as im: return im.size
-        return 1024, 1024
+        return (model_size(self.policy.source) if self.policy.source is not None else None) or (1024, 1024)
 
     def _check_policy_and_data(self):
         c, p = self.config, self.policy
