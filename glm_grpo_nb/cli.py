@@ -11,15 +11,17 @@ import inspect
 import sys
 from pathlib import Path
 
-from fastcore.script import anno_parser
+import typing
+
+from fastcore.docments import docments
 
 from . import __version__
 from .config import GRPOConfig
-from .hub import check_folder, check_image_size, mark_folder, resolve_model
+from .hub import check_folder, check_hub_model, check_image_size, mark_folder, model_size, resolve_model
 
 # %% auto #0
-__all__ = ['DEMO_PROMPTS', 'TRAIN_DEFAULTS', 'COMMANDS', 'tiny', 'generate', 'demo', 'parse_rewards', 'config_options', 'train',
-           'plan', 'main']
+__all__ = ['DEMO_PROMPTS', 'REWARD_NAMES', 'TRAIN_DEFAULTS', 'COMMANDS', 'tiny', 'generate', 'demo', 'parse_rewards',
+           'config_options', 'train', 'plan', 'command_parser', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def tiny(
@@ -41,22 +43,35 @@ def tiny(
 def generate(
     model: str = None,       # GLM-Image folder or hub id (required)
     prompt: str = None,      # text prompt; quoted text ('...', "...") is rendered as glyphs (required)
+    adapters: str = None,    # folder of trained adapters (a run's adapters/ or a checkpoint's), applied to the pipeline
     out: str = "sample.png",  # image file to write; with --num-images > 1, a suffix _i is added
-    height: int = 64,        # image height, a multiple of 32
-    width: int = 64,         # image width, a multiple of 32
+    height: int = None,      # image height, a multiple of 32 (default: the model's own size, 1024 for GLM-Image)
+    width: int = None,       # image width, a multiple of 32 (default: the model's own size)
     num_images: int = 1,     # images per prompt
     num_steps: int = 20,     # denoising steps of the DiT
     guidance_scale: float = 1.5,  # classifier-free guidance of the DiT
     seed: int = 0,           # seed for the AR sampling and the initial noise
-    device: str = "cpu",     # torch device
+    device: str = None,      # torch device (default: CUDA if available)
 ):
-    "Generate images with the stock GlmImagePipeline."
-    import torch
-    from diffusers import GlmImagePipeline
+    "Generate images with the stock GlmImagePipeline, optionally with trained adapters."
     if not model: raise ValueError("generate: pass --model with a GLM-Image folder or hub id.")
     if not prompt or not prompt.strip(): raise ValueError("generate: the prompt is empty; pass --prompt with some text.")
+    model = resolve_model(model, "generate: --model")
+    w0, h0 = model_size(model) or (1024, 1024)
+    height, width = h0 if height is None else height, w0 if width is None else width
     check_image_size(height, width, "generate: --height/--width")
-    pipe = GlmImagePipeline.from_pretrained(resolve_model(model, "generate: --model")).to(device)
+    if adapters is not None and not any((Path(adapters) / half).is_dir() for half in ("ar", "dit")):
+        raise ValueError(f"generate: --adapters {adapters} holds neither ar/ nor dit/; pass the adapters/ folder a "
+                         "training run wrote (e.g. runs/demo/adapters).")
+    check_hub_model(model, "generate: --model")
+    import torch
+    from diffusers import GlmImagePipeline
+    from glm_grpo_nb.hub import quiet_io
+    from glm_grpo_nb.policy import apply_adapters   # also drops upstream notices known to be harmless
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    with quiet_io(): pipe = GlmImagePipeline.from_pretrained(model)
+    if adapters is not None: apply_adapters(pipe, adapters)
+    pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     images = pipe([prompt], height=height, width=width, num_images_per_prompt=num_images, num_inference_steps=num_steps,
                   guidance_scale=guidance_scale, generator=torch.Generator(device).manual_seed(seed)).images
@@ -64,39 +79,51 @@ def generate(
     out.parent.mkdir(parents=True, exist_ok=True)
     paths = [out] if len(images) == 1 else [out.with_name(f"{out.stem}_{i}{out.suffix}") for i in range(len(images))]
     for im, p in zip(images, paths): im.save(p)
-    print("wrote " + ", ".join(map(str, paths)))
+    print("wrote " + ", ".join(map(str, paths)) + (f" (with the adapters in {adapters})" if adapters else ""))
     return 0
 
 # %% ../nbs/08_cli.ipynb #79cbe687
 DEMO_PROMPTS = ["a blue square on a white background", "a green circle on a gray background", "a gradient from navy to teal",
                 "the word 'OK' in white on blue", "green on the left, black on the right", "a cyan field"]
 
-def _report(history, first, last, path):
-    "report.png: reward curve, and the best and worst image of the first prompt's group at the first and last step."
+def _report(history, before, after, evals, path):
+    "report.png: reward per step (mean ± std, and the fixed evaluation), and the same groups before and after."
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    fig = plt.figure(figsize=(11, 3.4))
-    ax = fig.add_axes([0.08, 0.15, 0.36, 0.72])
-    steps = [h["step"] for h in history if "reward_mean" in h]
-    mean = [h["reward_mean"] for h in history if "reward_mean" in h]
-    std = [h.get("reward_std", 0.0) for h in history if "reward_mean" in h]
-    ax.plot(steps, mean, marker="o", ms=3)
-    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
-    ax.set_xlabel("step"); ax.set_ylabel("reward (redness)"); ax.set_title("reward mean ± std")
-    for col, (res, label) in enumerate(((first, "first step"), (last, "last step"))):
-        G = res.group_size
-        r = res.rewards[:G]
-        for row, (i, tag) in enumerate(((int(r.argmax()), "best"), (int(r.argmin()), "worst"))):
-            a = fig.add_axes([0.5 + col * 0.25, 0.52 - row * 0.45, 0.2, 0.38])
+    from matplotlib.ticker import MaxNLocator
+    from glm_grpo_nb.loss import group_advantages
+    G, n = before.group_size, len(before.images)
+    fig = plt.figure(figsize=(15, 5.6))
+    grid = fig.add_gridspec(2, n + 1, width_ratios=[n * 0.75] + [1] * n, left=0.05, right=0.99, top=0.84, bottom=0.1,
+                            wspace=0.08, hspace=0.45)
+    ax = fig.add_subplot(grid[:, 0])
+    rows = [h for h in history if "reward_mean" in h]
+    steps, mean = [h["step"] + 1 for h in rows], [h["reward_mean"] for h in rows]
+    std = [h.get("reward_std", 0.0) for h in rows]
+    ax.plot(steps, mean, marker="o", ms=3, label="training samples: mean")
+    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2, label="± std")
+    ax.plot(list(evals), list(evals.values()), marker="s", color="C3", label="fixed prompts and seeds (evaluate)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("after step"); ax.set_ylabel("reward (redness)"); ax.legend(fontsize=7, loc="lower right")
+    k = max(1, len(mean) // 4)
+    first, last, e = sum(mean[:k]) / k, sum(mean[-k:]) / k, list(evals.values())
+    ax.set_title(f"training mean {first:+.2f} (first {k} steps) -> {last:+.2f} (last {k}); "
+                 f"evaluation {e[0]:+.2f} -> {e[-1]:+.2f}", fontsize=8)
+    for row, (res, label) in enumerate(((before, "before training"), (after, f"after {len(rows)} steps"))):
+        adv = group_advantages(res.reward.total, G)[0]
+        for i in range(n):
+            a = fig.add_subplot(grid[row, i + 1])
             a.imshow(res.images[i]); a.set_xticks([]); a.set_yticks([])
-            a.set_title(f"{label}, {tag}: {float(r[i]):.2f}", fontsize=8)
-    fig.suptitle(f"GRPO on the tiny GLM-Image — {first.prompts[0]!r}", fontsize=9)
-    fig.savefig(path, dpi=100)
+            a.set_title(f"r {float(res.reward.total[i]):+.2f}  A {float(adv[i]):+.1f}", fontsize=7)
+            if i % G == 0: a.text(0, -0.35, f"{label}: {res.prompts[i]!r}", transform=a.transAxes, fontsize=8)
+    fig.suptitle("GRPO on the tiny GLM-Image, reward = redness: the same prompts and noise before and after training "
+                 "(r reward, A advantage in its group)", fontsize=10)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 def demo(
-    out: str = "runs/demo",  # output folder
+    out: str = "runs/demo",  # output folder (also holds the tiny model it trains, in model/)
     steps: int = 20,          # GRPO steps
     group_size: int = 4,      # samples per prompt
     prompts_per_step: int = 3,  # prompts per step
@@ -104,29 +131,39 @@ def demo(
     seed: int = 0,            # everything random derives from it
 ):
     "Train the tiny GLM-Image towards red images with joint AR + DiT GRPO on CPU; write adapters, metrics and report.png."
+    from glm_grpo_nb.policy import GlmImagePolicy
     from glm_grpo_nb.rewards import RednessReward
     from glm_grpo_nb.tiny import make_tiny_glm_image
     from glm_grpo_nb.trainer import GRPOTrainer
-    from glm_grpo_nb.policy import GlmImagePolicy
     out = mark_folder(out, "run", "demo: --out")   # new, empty, or an earlier demo's folder
     if (out / "metrics.jsonl").exists(): (out / "metrics.jsonl").unlink()      # each demo is a fresh run
     model = make_tiny_glm_image(out / "model")
     policy = GlmImagePolicy.from_pretrained(model, ar_lora=8, dit_lora=8, device="cpu", lora_seed=seed, verbose=False)
     trainer = GRPOTrainer(policy, RednessReward(), DEMO_PROMPTS, group_size=group_size, prompts_per_step=prompts_per_step,
                           height=64, width=64, num_steps=6, sde_window=(0, 3), lr=lr, seed=seed, output_dir=out,
-                          keep_results=1)
-    first = trainer.step()
-    trainer.fit(steps - 1, log_every=5)
-    last = trainer.results[-1]
+                          keep_results=1, eval_prompts=DEMO_PROMPTS, eval_every=5)
+    shown = DEMO_PROMPTS[:2]
+    before, evals = trainer.sample(shown, seed=seed + 1), {0: trainer.evaluate()["reward"]}
+    trainer.fit(steps, log_every=5, callback=lambda t, r: "eval/reward" in t.history[-1] and
+                evals.update({t.step_count: t.history[-1]["eval/reward"]}))
+    after = trainer.sample(shown, seed=seed + 1)
     policy.save_adapters(out / "adapters")
-    _report(trainer.history, first, last, out / "report.png")
+    trainer.close()
+    _report(trainer.history, before, after, evals, out / "report.png")
     rewards = [h["reward_mean"] for h in trainer.history]
     k = max(1, len(rewards) // 4)
-    print(f"reward (redness) {sum(rewards[:k]) / k:.3f} over the first {k} steps -> {sum(rewards[-k:]) / k:.3f} over the last {k}")
-    print(f"wrote {out / 'adapters'}, {out / 'metrics.jsonl'}, {out / 'report.png'}")
+    e = list(evals.values())
+    print(f"reward (redness) {sum(rewards[:k]) / k:+.3f} over the first {k} steps -> {sum(rewards[-k:]) / k:+.3f} over "
+          f"the last {k}; on fixed prompts and seeds {e[0]:+.3f} -> {e[-1]:+.3f}")
+    print(f"wrote {out / 'report.png'} (open it), {out / 'metrics.jsonl'}, the adapters in {out / 'adapters'} and the "
+          f"tiny model in {out / 'model'}")
+    print(f"generate with the trained adapters: glm-grpo generate --model {out / 'model'} --adapters {out / 'adapters'} "
+          f"--prompt {shown[0]!r}")
     return 0
 
 # %% ../nbs/08_cli.ipynb #3aa3df8b
+REWARD_NAMES = ("aesthetic", "clip", "mse", "ocr", "perceptual", "pickscore", "psnr", "redness", "ssim")  # for --help
+
 def parse_rewards(spec: str, models: str = "") -> dict:
     "'ssim=1,clip=0.5' (and 'clip=PATH' models) -> {reward: weight} for `combine`."
     from glm_grpo_nb.rewards import REWARDS, load_reward
@@ -181,7 +218,7 @@ def config_options(parser: argparse.ArgumentParser, defaults: dict = TRAIN_DEFAU
 def train(
     model: str = None,         # GLM-Image folder or hub id (required)
     prompts: str = None,       # prompts file (.txt/.jsonl/.csv) or folder (required)
-    reward: str = None,        # rewards, NAME[=WEIGHT] separated by commas (required)
+    reward: str = None,        # rewards, NAME[=WEIGHT] separated by commas, e.g. ssim=1,clip=0.5 (required)
     reward_models: str = "",   # models of model-based rewards, NAME=PATH separated by commas
     targets: str = None,       # folder of target images named by prompt line (0.png, 1.png, ...)
     sources: str = None,       # folder of source images named by prompt line (i2i)
@@ -201,6 +238,7 @@ def train(
     config = GRPOConfig().replace(**{**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
     model = resolve_model(model, "train: --model")
     check_folder(out, "run", "train: --out")
+    check_hub_model(model, "train: --model")
     allowed = tuple(filter(None, (a.strip() for a in allow_changes.split(","))))
     unknown = set(allowed) - {"model", "adapters", "dataset", "reward"}
     if unknown: raise ValueError(f"train: --allow-changes takes model, adapters, dataset, reward; got {', '.join(sorted(unknown))}.")
@@ -211,6 +249,12 @@ def train(
     reward_fn = combine(parse_rewards(reward, reward_models))
     size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
     dataset = PromptDataset(_dataset_rows(prompts, targets, sources), resize=size)
+    for need, flag in (("targets", "--targets"), ("sources", "--sources")):
+        rows = [e.target if need == "targets" else e.sources for e in dataset.examples]
+        if getattr(reward_fn, f"needs_{need}", False) and not all(rows):
+            raise ValueError(f"train: --reward {reward} compares with {need[:-1]} images, but {sum(map(bool, rows))} of "
+                             f"{len(rows)} prompts have one; pass {flag} DIR (an image per prompt line: 0.png, 1.png, "
+                             f"...) or a .jsonl/.csv prompts file with a '{need[:-1]}' column.")
     policy = GlmImagePolicy.from_pretrained(model, load_in_4bit=load_in_4bit,
                                             ar_lora=ar_lora if config.train_ar else None,
                                             dit_lora=dit_lora if config.train_dit else None,
@@ -233,6 +277,16 @@ def train(
     return 0
 
 # %% ../nbs/08_cli.ipynb #b7d04658
+def _flags(change: dict) -> str:
+    "Settings as command-line options: {'load_in_4bit': True, 'sde_window': [0]} -> '--load-in-4bit --sde-window 0'."
+    out = []
+    for k, v in change.items():
+        opt = "--" + k.replace("_", "-")
+        if isinstance(v, bool): out.append(opt if v else "--no-" + k.replace("_", "-"))
+        elif isinstance(v, (list, tuple)): out.append(opt + " " + " ".join(map(str, v)))
+        else: out.append(f"{opt} {v:g}" if isinstance(v, float) else f"{opt} {v}")
+    return " ".join(out)
+
 def plan(
     height: int = 1024,        # image height
     width: int = 1024,         # image width
@@ -241,19 +295,24 @@ def plan(
     load_in_4bit: bool = True, # NF4 base weights
     lora_rank: int = 16,       # LoRA rank
     train: str = "both",       # ar, dit or both
-    no_gradient_checkpointing: bool = False,  # keep all activations (faster, much more memory)
+    gradient_checkpointing: bool = True,  # recompute activations in backward (much less memory, slower)
     micro_batch_size: int = 1, # samples per forward/backward
+    num_steps: int = 10,       # denoising steps
+    sde_window: list[int] = None,  # the stochastic (trained) steps, e.g. 0 1 (default: the first quarter)
     guidance_scale: float = 1.5,  # DiT guidance (<= 1: one branch)
     reward_model_params: int = 0,  # parameters of reward models on the GPU
     budget_gb: float = 80.0,   # GPU memory in GB
 ):
-    "Predict the peak GPU memory of GRPO on the real GLM-Image, and what to change if it does not fit."
+    "Predict the peak GPU memory of GRPO on the real GLM-Image, and what to change if it does not fit (exit 1)."
+    check_image_size(height, width, "plan: --height/--width")
     from glm_grpo_nb.memory import plan as make_plan
-    print(make_plan(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step,
-                    load_in_4bit=load_in_4bit, lora_rank=lora_rank, train=train,
-                    gradient_checkpointing=not no_gradient_checkpointing, micro_batch_size=micro_batch_size,
-                    guidance_scale=guidance_scale, reward_model_params=reward_model_params, budget_gb=budget_gb))
-    return 0
+    p = make_plan(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step,
+                  load_in_4bit=load_in_4bit, lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing,
+                  micro_batch_size=micro_batch_size, num_steps=num_steps, sde_window=sde_window,
+                  guidance_scale=guidance_scale, reward_model_params=reward_model_params, budget_gb=budget_gb)
+    p.suggestions = [_flags(ch) for ch in p.changes] + p.suggestions[len(p.changes):]   # as options of this command
+    print(p)
+    return 0 if p.fits else 1
 
 # %% ../nbs/08_cli.ipynb #6970f665
 COMMANDS = {"demo": demo, "train": train, "plan": plan, "tiny": tiny, "generate": generate}
@@ -264,8 +323,26 @@ def _usage():
     lines += ["", "glm-grpo COMMAND --help shows each command's options."]
     return "\n".join(lines)
 
+def command_parser(func, prog: str, more_help: dict | None = None) -> argparse.ArgumentParser:
+    "An argparse parser from a function's signature and argument comments (+ `more_help`); switches as --x/--no-x."
+    docs, hints = docments(func), typing.get_type_hints(func)
+    parser = argparse.ArgumentParser(prog=prog, description=inspect.getdoc(func))
+    for name, p in inspect.signature(func).parameters.items():
+        if p.kind is p.VAR_KEYWORD: continue
+        kind = hints.get(name, str)
+        if type(None) in typing.get_args(kind): kind = next(a for a in typing.get_args(kind) if a is not type(None))  # X | None
+        shown = "" if p.default in (None, "", p.empty) else f" (default: {' '.join(map(str, p.default)) if isinstance(p.default, list) else p.default})"
+        help_ = (docs.get(name) or "") + (more_help or {}).get(name, "") + shown
+        if p.default is p.empty: parser.add_argument(name, type=kind, help=help_); continue
+        kw = dict(dest=name, default=argparse.SUPPRESS, help=help_)   # absent options keep the function's default
+        if kind is bool: kw["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is list: kw.update(nargs="+", type=typing.get_args(kind)[0], metavar="N")
+        else: kw.update(type=kind, metavar=kind.__name__.upper())
+        parser.add_argument("--" + name.replace("_", "-"), **kw)
+    return parser
+
 def _option_style(parser, argv):
-    "Accept `--num-steps` and `--num_steps` alike (fastcore 1.x spells options with underscores, 2.x with dashes)."
+    "Accept `--num-steps` and `--num_steps` alike."
     known = {o for a in parser._actions for o in a.option_strings}
     def fix(arg):
         name, eq, value = arg.partition("=")
@@ -286,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"glm-grpo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr); return 2
     func = COMMANDS[name]
-    parser = anno_parser(func, prog=f"glm-grpo {name}")
+    more = {"reward": "; NAME is one of " + ", ".join(REWARD_NAMES)} if name == "train" else None
+    parser = command_parser(func, prog=f"glm-grpo {name}", more_help=more)
     params = inspect.signature(func).parameters
     takes_settings = any(p.kind is p.VAR_KEYWORD for p in params.values())
     if takes_settings: config_options(parser)

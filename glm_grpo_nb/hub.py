@@ -21,10 +21,10 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'AR_LORA_MODULES', 'AR_LORA_TARGETS', 'DIT_LORA_TARGETS',
-           'DIT_LORA_TARGETS_FF', 'MARKER', 'HARMLESS_NOTICES', 'resolve_model', 'check_image_size', 'token_grid',
-           'lora_targeted', 'sde_steps', 'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder',
-           'atomic_folder', 'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests', 'check_digests',
-           'RunLock', 'hush_harmless_notices', 'quiet_io']
+           'DIT_LORA_TARGETS_FF', 'MARKER', 'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model', 'check_image_size',
+           'token_grid', 'lora_targeted', 'sde_steps', 'folder_info', 'folder_kind', 'model_size', 'check_folder',
+           'mark_folder', 'atomic_folder', 'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests',
+           'check_digests', 'RunLock', 'hush_harmless_notices', 'quiet_io']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -61,6 +61,25 @@ def resolve_model(
         raise ValueError(f"{where}: {s} does not exist; pass an existing GLM-Image folder or a hub id of the form "
                          "owner/name (e.g. zai-org/GLM-Image).")
     return s
+
+# %% ../nbs/00a_hub.ipynb #60891434
+def check_hub_model(path_or_hub_id: str, where: str = "model", timeout: float = 10.0) -> None:
+    "Raise a clear ValueError at once if a hub id is neither cached locally nor reachable (local folders pass)."
+    if Path(str(path_or_hub_id)).expanduser().exists(): return
+    from huggingface_hub import HfApi, constants, snapshot_download
+    repo = str(path_or_hub_id)
+    try:
+        snapshot_download(repo, local_files_only=True)
+        return
+    except Exception: pass   # not (completely) in the cache
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if offline:
+        raise ValueError(f"{where}: {repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; download "
+                         f"it first (hf download {repo}) or pass a local folder.")
+    try: HfApi().model_info(repo, timeout=timeout)
+    except Exception as e:
+        raise ValueError(f"{where}: cannot find {repo} on the Hugging Face hub ({type(e).__name__}): check the name "
+                         "and your connection, or pass a local folder.") from None
 
 # %% ../nbs/00a_hub.ipynb #1a0b0c0b
 IMAGE_BLOCK = 32  # pixels per AR token along each side
@@ -281,3 +300,5 @@ def quiet_io(progress: bool = False):
     finally:
         (tl.enable_progress_bar if was[0] else tl.disable_progress_bar)()
         (dl.enable_progress_bar if was[1] else dl.disable_progress_bar)()
+
+hush_harmless_notices()   # every module imports this one first, so the filters are in place before upstream loads

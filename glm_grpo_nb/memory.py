@@ -71,7 +71,8 @@ class MemoryPlan:
     resident: dict[str, int]          # weights, adapters, optimiser state: always there
     phases: dict[str, dict[str, int]] # transient memory of each phase
     budget: int
-    suggestions: list[str] = field(default_factory=list)
+    suggestions: list[str] = field(default_factory=list)   # what to try, as Python keyword arguments
+    changes: list[dict] = field(default_factory=list)      # the same as settings, cumulative: all of them fit
 
     @property
     def peak(self) -> int: return sum(self.resident.values()) + max(sum(p.values()) for p in self.phases.values())
@@ -165,15 +166,14 @@ def plan(
                 reward_model_params=reward_model_params, prompt_len=prompt_len, decode_batch=decode_batch)
     p = MemoryPlan(*_estimate(mods, **args), budget=int(budget_gb * GB))
     if not p.fits:
-        tries = [("load_in_4bit=True", dict(load_in_4bit=True)), ("gradient_checkpointing=True", dict(gradient_checkpointing=True)),
-                 ("micro_batch_size=1", dict(micro_batch_size=1)), ("sde_window=[0]", dict(sde_window=[0])),
-                 ("guidance_scale=1 (train the conditional branch only)", dict(guidance_scale=1.0)),
-                 ("prompts_per_step=1", dict(prompts_per_step=1))]
+        tries = [dict(load_in_4bit=True), dict(gradient_checkpointing=True), dict(micro_batch_size=1), dict(sde_window=[0]),
+                 dict(guidance_scale=1.0), dict(prompts_per_step=1)]
         cur = dict(args)
-        for label, change in tries:
+        for change in tries:
             if all(cur.get(k) == v for k, v in change.items()): continue
             cur.update(change)
-            p.suggestions.append(label)
+            p.changes.append(change)
+            p.suggestions.append(", ".join(f"{k}={v!r}" for k, v in change.items()))
             if MemoryPlan(*_estimate(mods, **cur), budget=p.budget).fits: break
         else:
             p.suggestions.append("a smaller resolution, or several GPUs (each takes whole groups)")

@@ -7,13 +7,11 @@ policy, and saves and loads them; the AR half (`tokens`) and the DiT half (`flow
 from __future__ import annotations
 
 import contextlib
-import warnings
 import hashlib
 import json
+import warnings
 from pathlib import Path
 
-from .hub import hush_harmless_notices
-hush_harmless_notices()   # before bitsandbytes loads
 import bitsandbytes as bnb
 import torch
 from fastcore.basics import patch

@@ -508,17 +508,22 @@ def _log(self: GRPOTrainer, res: StepResult):
     "Append the step's row to metrics.jsonl and the trackers, then to `history`; a failed write leaves no trace."
     row = {"step": res.step, **{k: float(v) for k, v in res.metrics.items()},
            **{f"seconds/{k}": v for k, v in res.seconds.items()}}
+    self._write_row(row)
+    self.history.append(row)
+
+@patch
+def _write_row(self: GRPOTrainer, row: dict):
+    "Append a row to metrics.jsonl (main process) and the trackers; if that fails, the file is as it was."
     f = self.output_dir / "metrics.jsonl" if self.accelerator.is_main_process and self.output_dir is not None else None
     size = f.stat().st_size if f is not None and f.exists() else 0
     try:
         if f is not None:
             with open(f, "a") as fh: fh.write(json.dumps(row) + "\n")
-        if self.accelerator.trackers: self.accelerator.log(row, step=res.step)
+        if self.accelerator.trackers: self.accelerator.log(row, step=row["step"])
     except BaseException:
         if f is not None and f.exists():
             with contextlib.suppress(OSError), open(f, "r+") as fh: fh.truncate(size)
         raise
-    self.history.append(row)
 
 # %% ../nbs/05_trainer.ipynb #5e6580e1
 @patch
@@ -544,8 +549,9 @@ def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True,
                        f"approx KL {kl:.2e}, clip {m.get('ar/clip_fraction', 0.0) + m.get('dit/clip_fraction', 0.0):.3f}, "
                        f"{sum(res.seconds.values()):.2f} s")
         if c.eval_every and self.eval_dataset is not None and self.step_count % c.eval_every == 0:
-            ev = self.evaluate()
-            self.history[-1].update({f"eval/{k}": v for k, v in ev.items()})
+            ev = {f"eval/{k}": v for k, v in self.evaluate().items()}
+            self._write_row({"step": res.step, **ev})   # a row of its own in metrics.jsonl
+            self.history[-1].update(ev)
         if c.save_every and self.output_dir is not None and self.step_count % c.save_every == 0:
             self.save()
         if callback is not None: callback(self, res)

@@ -38,15 +38,28 @@ def test_bad_input_is_a_clear_error(glm_grpo, tiny_path, tmp_path):
     assert r.returncode == 2 and "model_index.json" in r.stderr
     r = run(glm_grpo, "frobnicate")
     assert r.returncode == 2 and "unknown command" in r.stderr
+    r = run(glm_grpo, "train", "--model", "nobody/no-such-model", "--prompts", "p.txt", "--reward", "ssim")
+    assert r.returncode == 2 and "not in the local Hugging Face cache" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_demo_reward_rises(glm_grpo, tmp_path):
     import json
+    import re
     r = run(glm_grpo, "demo", "--out", str(tmp_path / "demo"))
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "demo"
     assert (out / "adapters" / "ar").is_dir() and (out / "adapters" / "dit").is_dir()
     assert Image.open(out / "report.png").size[0] > 500
-    rewards = [json.loads(l)["reward_mean"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    rewards = [row["reward_mean"] for row in rows if "reward_mean" in row]
     assert len(rewards) == 20
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.1, rewards
+    before, after = map(float, re.search(r"on fixed prompts and seeds ([-+.\d]+) -> ([-+.\d]+)", r.stdout).groups())
+    assert after > before + 0.2, r.stdout                     # the evaluation on fixed prompts and seeds rises plainly
+    assert f"--adapters {out / 'adapters'}" in r.stdout       # the report says how to use what was trained
+    stderr = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("GRPO")]
+    assert not stderr, stderr                                 # one progress bar, no upstream noise
+    g = run(glm_grpo, "generate", "--model", str(out / "model"), "--adapters", str(out / "adapters"), "--prompt",
+            "a blue square on a white background", "--num-steps", "4", "--out", str(tmp_path / "tuned.png"))
+    assert g.returncode == 0 and not g.stderr.strip(), g.stderr
+    assert Image.open(tmp_path / "tuned.png").size == (64, 64)   # the tiny model's own size
