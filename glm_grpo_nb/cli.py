@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -217,7 +218,8 @@ def config_options(parser: argparse.ArgumentParser, defaults: dict = TRAIN_DEFAU
 
 def train(
     model: str = None,         # GLM-Image folder or hub id (required)
-    prompts: str = None,       # prompts file (.txt/.jsonl/.csv) or folder (required)
+    prompts: str = None,       # prompts file (.txt/.jsonl/.csv), folder, or Hugging Face dataset id (required)
+    split: str = "train",      # the split, when --prompts is a Hugging Face dataset
     reward: str = None,        # rewards, NAME[=WEIGHT] separated by commas, e.g. ssim=1,clip=0.5 (required)
     reward_models: str = "",   # models of model-based rewards, NAME=PATH separated by commas
     targets: str = None,       # folder of target images named by prompt line (0.png, 1.png, ...)
@@ -248,7 +250,9 @@ def train(
     from glm_grpo_nb.trainer import GRPOTrainer, _checkpoints
     reward_fn = combine(parse_rewards(reward, reward_models))
     size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
-    dataset = PromptDataset(_dataset_rows(prompts, targets, sources), resize=size)
+    hub_data = not Path(prompts).expanduser().exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", prompts) and not targets and not sources
+    dataset = (PromptDataset.from_hub(prompts, split=split, resize=size) if hub_data else
+               PromptDataset(_dataset_rows(prompts, targets, sources), resize=size))
     for need, flag in (("targets", "--targets"), ("sources", "--sources")):
         rows = [e.target if need == "targets" else e.sources for e in dataset.examples]
         if getattr(reward_fn, f"needs_{need}", False) and not all(rows):

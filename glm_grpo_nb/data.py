@@ -5,6 +5,7 @@
 # %% ../nbs/04_data.ipynb #edb1f9b6
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -17,17 +18,24 @@ from PIL import Image
 from .hub import IMAGE_BLOCK, check_image_size
 
 # %% auto #0
-__all__ = ['IMAGE_SUFFIXES', 'Example', 'PromptDataset']
+__all__ = ['IMAGE_SUFFIXES', 'Example', 'open_image', 'PromptDataset']
 
 # %% ../nbs/04_data.ipynb #dd45d4ab
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 
 @dataclass
 class Example:
-    "One row: a prompt, and optionally its target image and source images (paths)."
+    "One row: a prompt, and optionally its target image and source images (paths, or images held in memory)."
     prompt: str
-    target: Path | None = None
-    sources: list[Path] | None = None
+    target: Path | Image.Image | None = None
+    sources: list[Path | Image.Image] | None = None
+
+@contextlib.contextmanager
+def open_image(p: Path | Image.Image):
+    "The image at a path (closed afterwards), or an in-memory image as it is."
+    if isinstance(p, Image.Image): yield p
+    else:
+        with Image.open(p) as im: yield im
 
 def _rows_from_file(path: Path):
     "Rows (line number, dict) of a .txt, .jsonl or .csv file; paths relative to the file."
@@ -67,13 +75,14 @@ def _example(where, d, base):
         return None, [f"{where}: empty prompt; every row needs some text."]
     def path(x):
         if x is None or x == "": return None
+        if isinstance(x, Image.Image): return x   # a Hugging Face dataset's image column
         if isinstance(x, str) and x.startswith("<"): errs.append(f"{where}: {x[1:-1]}"); return None
         q = Path(x).expanduser()
         return q if q.is_absolute() else base / q
     target = path(d.get("target"))
     src = d.get("source", d.get("sources"))
     if isinstance(src, str) and not src.startswith("<"): src = [s for s in src.split("|") if s.strip()]
-    sources = [path(s) for s in src] if isinstance(src, list) else ([path(src)] if src else None)
+    sources = [path(s) for s in src] if isinstance(src, list) else ([path(src)] if src is not None and src != "" else None)
     if sources is not None: sources = [s for s in sources if s is not None] or None
     return (Example(prompt.strip(), target, sources) if not errs else None), errs
 
@@ -106,26 +115,41 @@ def _collect(data):
             raise ValueError(f"PromptDataset: {p} does not exist; pass a prompts file, a folder or a list of prompts.")
         if p.is_dir(): return _collect_folder(p), p, str(p)
         return [(f"{p.name}:{i}", d) for i, d in _rows_from_file(p)], p.parent, str(p)
+    if type(data).__module__.startswith("datasets."):   # a Hugging Face dataset (the optional `datasets` package)
+        if not hasattr(data, "column_names") or isinstance(data.column_names, dict):
+            raise ValueError("PromptDataset: pass one split of a Hugging Face dataset (e.g. ds['train']), not "
+                             f"a {type(data).__name__}.")
+        if "prompt" not in data.column_names:
+            raise ValueError(f"PromptDataset: the dataset has columns {data.column_names}; it needs a 'prompt' column "
+                             "(and optional 'target', 'source'). Rename one with ds.rename_column(old, 'prompt').")
+        return [(f"row {i}", dict(d)) for i, d in enumerate(data)], Path.cwd(), getattr(data, "info", None) and data.info.dataset_name
     if isinstance(data, (list, tuple)):
         rows = [(f"item {i}", {"prompt": d} if isinstance(d, str) else d) for i, d in enumerate(data)]
         return rows, Path.cwd(), None
     raise ValueError(f"PromptDataset: cannot read {type(data).__name__}; pass a list of prompts, a file or a folder.")
 
 # %% ../nbs/04_data.ipynb #da7a000a
+def _size_or_error(p) -> tuple[int, int] | str:
+    "(width, height) of an image path or in-memory image, or what is wrong with it."
+    if isinstance(p, Image.Image): return p.size
+    if not p.exists(): return "not found"
+    try:
+        with Image.open(p) as im: im.verify()
+        with Image.open(p) as im: return im.size
+    except Exception as ex: return f"cannot be read ({type(ex).__name__})"
+
 def _check_images(examples, size):
     "Problems with the examples' images: missing, unreadable, or (without a resize `size`) not a multiple of 32."
     errs = []
     for i, e in enumerate(examples):
         for kind, p in [("target", e.target)] + [("source", s) for s in (e.sources or [])]:
             if p is None: continue
-            if not p.exists(): errs.append(f"row {i} ({e.prompt[:30]!r}): {kind} image {p} not found."); continue
-            try:
-                with Image.open(p) as im: im.verify()
-                with Image.open(p) as im: w, h = im.size
-            except Exception as ex:
-                errs.append(f"row {i}: {kind} image {p} cannot be read ({type(ex).__name__})."); continue
+            name = "(in memory)" if isinstance(p, Image.Image) else p
+            wh = _size_or_error(p)
+            if isinstance(wh, str): errs.append(f"row {i} ({e.prompt[:30]!r}): {kind} image {name} {wh}."); continue
+            w, h = wh
             if size is None and (w % IMAGE_BLOCK or h % IMAGE_BLOCK):
-                errs.append(f"row {i}: {kind} image {p} is {w}x{h}, not a multiple of {IMAGE_BLOCK}; pass "
+                errs.append(f"row {i}: {kind} image {name} is {w}x{h}, not a multiple of {IMAGE_BLOCK}; pass "
                             "resize=(width, height) or resize=True.")
     return errs
 
@@ -134,7 +158,7 @@ class PromptDataset:
     "Prompts with optional target and source images, validated at construction."
     def __init__(
         self,
-        data,                       # list of prompts or dicts, or a path (.txt/.jsonl/.csv file, or a folder)
+        data,                       # prompts or dicts, a .txt/.jsonl/.csv file or folder, or a Hugging Face dataset
         resize: bool | tuple[int, int] = False,  # (width, height) to resize to; True: the first target's size, rounded to 32
         check_images: bool = True,  # open every image now (slower for big datasets, but errors come early)
     ):
@@ -157,7 +181,7 @@ class PromptDataset:
                               "pass resize=(width, height).")
             else:
                 try:
-                    with Image.open(first) as im: w, h = im.size
+                    with open_image(first) as im: w, h = im.size
                     block = lambda v: max(IMAGE_BLOCK, round(v / IMAGE_BLOCK) * IMAGE_BLOCK)
                     self.size = (block(w), block(h))
                 except OSError: pass  # reported below
@@ -180,7 +204,7 @@ class PromptDataset:
     def has_sources(self) -> bool: return any(e.sources for e in self.examples)
 
     def _load(self, p):
-        with Image.open(p) as im: im = im.convert("RGB")
+        with open_image(p) as im: im = im.convert("RGB")
         return im.resize(self.size, Image.Resampling.BICUBIC) if self.size and im.size != self.size else im
 
     def __getitem__(self, i) -> dict:
@@ -190,10 +214,27 @@ class PromptDataset:
                 "sources": [self._load(s) for s in e.sources] if e.sources else None}
 
     def fingerprint(self) -> str:
-        "A short hash of the rows (prompts; image file names and sizes) and the resize size: same data, same hash."
-        h = hashlib.sha256(json.dumps(self.size).encode())
-        stat = lambda p: [Path(p).name, Path(p).stat().st_size if Path(p).exists() else None]
-        for e in self.examples:
-            row = [e.prompt, stat(e.target) if e.target else None, [stat(s) for s in e.sources or []]]
-            h.update(json.dumps(row).encode())
-        return h.hexdigest()[:16]
+        "A short hash of the rows (prompts; image file names and sizes, or pixels) and the resize size: same data, same hash."
+        if getattr(self, "_fingerprint", None) is None:
+            h = hashlib.sha256(json.dumps(self.size).encode())
+            def stat(p):
+                if isinstance(p, Image.Image): return [p.size, p.mode, hashlib.sha256(p.tobytes()).hexdigest()]
+                return [Path(p).name, Path(p).stat().st_size if Path(p).exists() else None]
+            for e in self.examples:
+                row = [e.prompt, stat(e.target) if e.target is not None else None, [stat(s) for s in e.sources or []]]
+                h.update(json.dumps(row).encode())
+            self._fingerprint = h.hexdigest()[:16]
+        return self._fingerprint
+
+    @classmethod
+    def from_hub(cls, path_or_id: str, split: str = "train", resize: bool | tuple[int, int] = False,
+                 **load_kwargs) -> "PromptDataset":
+        "A split of a Hugging Face dataset (hub id or local dataset folder) with prompt/target/source columns."
+        try: import datasets
+        except ImportError:
+            raise ValueError("PromptDataset.from_hub needs the `datasets` package: pip install datasets") from None
+        try: ds = datasets.load_dataset(path_or_id, split=split, **load_kwargs)
+        except Exception as e:
+            raise ValueError(f"PromptDataset.from_hub: cannot load split {split!r} of {path_or_id} "
+                             f"({type(e).__name__}: {str(e)[:200]}); check the name, the split and your connection.") from None
+        return cls(ds, resize=resize)

@@ -26,7 +26,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from .config import GRPOConfig
-from .data import PromptDataset
+from .data import PromptDataset, open_image
 from .hub import (RunLock, atomic_folder, check_digests, file_digests, mark_folder, model_size,
                              remove_leftovers)
 from .loss import aggregate, clipped_surrogate, gaussian_kl, group_advantages, kl_k3
@@ -189,7 +189,7 @@ class GRPOTrainer:
         if self.dataset.size: return self.dataset.size
         t = next((e.target for e in self.dataset.examples if e.target), None)
         if t is not None:
-            with Image.open(t) as im: return im.size
+            with open_image(t) as im: return im.size
         return (model_size(self.policy.source) if self.policy.source is not None else None) or (1024, 1024)
 
     def _check_policy_and_data(self):
@@ -217,7 +217,7 @@ class GRPOTrainer:
         if data.size is None:
             for e in data.examples:
                 if e.target is None: continue
-                with Image.open(e.target) as im:
+                with open_image(e.target) as im:
                     if im.size != (c.width, c.height):
                         raise ValueError(f"GRPOTrainer: target {e.target} is {im.size[0]}x{im.size[1]} but images are "
                                          f"generated at {c.width}x{c.height}; build the dataset with "
@@ -225,7 +225,7 @@ class GRPOTrainer:
             sizes = {}
             for e in data.examples:
                 for s in e.sources or []:
-                    with Image.open(s) as im: sizes.setdefault(im.size, s)
+                    with open_image(s) as im: sizes.setdefault(im.size, s)
             if len(sizes) > 1:
                 (w1, h1), (w2, h2) = list(sizes)[:2]
                 raise ValueError(f"GRPOTrainer: source images have different sizes ({list(sizes.values())[0]} is "
