@@ -149,6 +149,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'glm_grpo_nb.policy._lora_summary': ('policy.html#_lora_summary', 'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy._prefix_keys': ('policy.html#_prefix_keys', 'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy._read_adapter': ('policy.html#_read_adapter', 'glm_grpo_nb/policy.py'),
+                                    'glm_grpo_nb.policy._renamed_checkpointing': ( 'policy.html#_renamed_checkpointing',
+                                                                                   'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy.apply_adapters': ('policy.html#apply_adapters', 'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy.generators': ('policy.html#generators', 'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy.mix_seed': ('policy.html#mix_seed', 'glm_grpo_nb/policy.py'),

@@ -35,6 +35,13 @@ def _lora_config(spec, targets, what):
         raise ValueError(f"{what} must be None, a positive int rank or a peft.LoraConfig, got {spec!r}.")
     return LoraConfig(r=spec, lora_alpha=spec, lora_dropout=0.0, target_modules=targets, bias="none")
 
+@contextlib.contextmanager
+def _renamed_checkpointing():
+    "peft still calls transformers' renamed gradient-checkpointing methods; those FutureWarnings are not for our users."
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`(is_)?gradient_checkpointing(_enable)?` is deprecated", FutureWarning)
+        yield
+
 # %% ../nbs/02_policy.ipynb #25eeacaf
 def quantize_dit_4bit(transformer: torch.nn.Module, compute_dtype: torch.dtype, device) -> int:
     "Replace the Linear layers inside the DiT's transformer blocks by NF4 `bnb.nn.Linear4bit`; returns how many."
@@ -68,8 +75,7 @@ class GlmImagePolicy(torch.nn.Module):
         self.image_start_id, self.image_end_id, self.image_token_id = cfg.image_start_token_id, cfg.image_end_token_id, cfg.image_token_id
         self.ar_peft, self.source, self.load_in_4bit = None, None, load_in_4bit
         ar_cfg = _lora_config(ar_lora, AR_LORA_TARGETS, "ar_lora")
-        with warnings.catch_warnings():   # transformers renamed gradient checkpointing; peft still uses the old names
-            warnings.filterwarnings("ignore", r"`(is_)?gradient_checkpointing(_enable)?` is deprecated", FutureWarning)
+        with _renamed_checkpointing():
             if load_in_4bit:
                 prepare_model_for_kbit_training(vision_language_encoder, use_gradient_checkpointing=gradient_checkpointing,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -82,8 +88,7 @@ class GlmImagePolicy(torch.nn.Module):
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(lora_seed)  # LoRA A matrices start random: seed them so runs are reproducible
             if ar_cfg is not None:
-                with warnings.catch_warnings():
-                    warnings.filterwarnings("ignore", r"`is_gradient_checkpointing` is deprecated", FutureWarning)
+                with _renamed_checkpointing():
                     self.ar_peft = get_peft_model(vision_language_encoder, ar_cfg)  # injects LoRA layers in place
                 self.ar_peft.eval()
             if dit_cfg is not None:
@@ -292,7 +297,8 @@ def apply_adapters(pipe: GlmImagePipeline, directory: str | Path) -> GlmImagePip
     if not (directory / "ar").is_dir() and not (directory / "dit").is_dir():
         raise ValueError(f"apply_adapters: {directory} holds neither ar/ nor dit/; pass a folder written by save_adapters.")
     if (directory / "ar").is_dir():
-        pipe.vision_language_encoder = PeftModel.from_pretrained(pipe.vision_language_encoder, directory / "ar").merge_and_unload()
+        with _renamed_checkpointing():
+            pipe.vision_language_encoder = PeftModel.from_pretrained(pipe.vision_language_encoder, directory / "ar").merge_and_unload()
     if (directory / "dit").is_dir():
         pipe.transformer.load_lora_adapter(directory / "dit", weight_name="pytorch_lora_weights.safetensors")
     return pipe
