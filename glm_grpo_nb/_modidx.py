@@ -330,6 +330,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'glm_grpo_nb.trainer.GRPOTrainer._log': ('trainer.html#grpotrainer._log', 'glm_grpo_nb/trainer.py'),
                                      'glm_grpo_nb.trainer.GRPOTrainer._micro_batches': ( 'trainer.html#grpotrainer._micro_batches',
                                                                                          'glm_grpo_nb/trainer.py'),
+                                     'glm_grpo_nb.trainer.GRPOTrainer._old_logprobs': ( 'trainer.html#grpotrainer._old_logprobs',
+                                                                                        'glm_grpo_nb/trainer.py'),
                                      'glm_grpo_nb.trainer.GRPOTrainer._reduce_grads': ( 'trainer.html#grpotrainer._reduce_grads',
                                                                                         'glm_grpo_nb/trainer.py'),
                                      'glm_grpo_nb.trainer.GRPOTrainer._references': ( 'trainer.html#grpotrainer._references',

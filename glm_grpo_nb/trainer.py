@@ -338,10 +338,10 @@ def _micro_batches(self: GRPOTrainer, n):
     return [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
 
 @patch
-def _ar_loss(self: GRPOTrainer, roll, adv, ref_lp):
+def _ar_loss(self: GRPOTrainer, roll, adv, ref_lp, old_lp):
     c, lp = self.config, self.policy.token_logprobs(roll)
     mask = roll.completion_mask.to(lp.device)
-    loss, m = clipped_surrogate(lp, roll.logprobs.to(lp.device), adv.to(lp.device), mask=mask,
+    loss, m = clipped_surrogate(lp, old_lp.to(lp.device), adv.to(lp.device), mask=mask,
                                 clip_range=c.clip_range, clip_range_high=c.clip_range_high, aggregation=c.aggregation)
     if ref_lp is not None:
         kl = aggregate(kl_k3(lp, ref_lp.to(lp.device), mask), mask, c.aggregation)
@@ -349,7 +349,7 @@ def _ar_loss(self: GRPOTrainer, roll, adv, ref_lp):
     return loss, m
 
 @patch
-def _dit_loss(self: GRPOTrainer, traj, adv, ref_means):
+def _dit_loss(self: GRPOTrainer, traj, adv, ref_means, old_lp=None):
     c, kl_on = self.config, ref_means is not None
     out = self.policy.latent_logprobs(traj, return_means=kl_on)
     lp, means = out if kl_on else (out, None)
@@ -372,6 +372,14 @@ def _references(self: GRPOTrainer, s: Sample):
         ref_means = (self.policy.latent_logprobs(s.trajectory, micro_batch_size=c.micro_batch_size, return_means=True)[1].cpu()
                      if c.train_dit and s.trajectory.stochastic.any() else None)
     return ref_lp, ref_means
+
+@patch
+def _old_logprobs(self: GRPOTrainer, roll: TokenRollout) -> torch.Tensor:
+    "The AR samples' log-probs from the training forward (no grad, the update's micro-batches): the ratio's denominator."
+    # Whatever engine sampled the tokens (a bf16 copy with a static cache, say), the first inner epoch's ratio is then
+    # exactly 1; the sampler's own numbers only measure how far it drifts (`ar/sampler_gap`).
+    with torch.no_grad():
+        return torch.cat([self.policy.token_logprobs(roll.select(rows)).cpu() for rows in self._micro_batches(roll.num_samples)])
 
 @patch
 def _snapshot(self: GRPOTrainer):
@@ -412,6 +420,10 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Ten
     for k, v in s.reward.info.items(): metrics[f"info/{k}"] = v.mean().item()
     if s.dit_reward is not None: metrics["dit_reward_mean"] = s.dit_reward.total.mean().item()
     ref_lp, ref_means = self._references(s)
+    old_lp = self._old_logprobs(s.rollout) if c.train_ar else None
+    if old_lp is not None:
+        mask = s.rollout.completion_mask
+        metrics["ar/sampler_gap"] = ((s.rollout.logprobs - old_lp).abs()[mask].mean().item())   # mean |Δ log p| per token
     snap = self._snapshot() if snapshot is None else snapshot
     n, sec, self.skip_reason = len(s.prompts), {"update_ar": 0.0, "update_dit": 0.0}, None
     train_dit = c.train_dit and bool(s.trajectory.stochastic.any())
@@ -420,12 +432,13 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Ten
         finite, agg = True, {}
         for rows in self._micro_batches(n):
             w = len(rows) / n
-            for half, on, fn, data, a, ref in (
-                ("ar", c.train_ar, self._ar_loss, s.rollout, adv, ref_lp),
-                ("dit", train_dit, self._dit_loss, s.trajectory, dit_adv, ref_means)):
+            for half, on, fn, data, a, ref, old in (
+                ("ar", c.train_ar, self._ar_loss, s.rollout, adv, ref_lp, old_lp),
+                ("dit", train_dit, self._dit_loss, s.trajectory, dit_adv, ref_means, None)):
                 if not on: continue
                 with _timed(sec, f"update_{half}"):
-                    loss, m = fn(data.select(rows), a[rows], None if ref is None else ref[rows])
+                    loss, m = fn(data.select(rows), a[rows], None if ref is None else ref[rows],
+                                 None if old is None else old[rows])
                     if not torch.isfinite(loss): finite = False
                     else: (loss * w).backward()
                 for k, v in [("loss", loss.item())] + list(m.items()):
