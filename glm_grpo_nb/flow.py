@@ -254,8 +254,8 @@ def sample_latents(
 
 # %% ../nbs/02b_flow.ipynb #85d35acf
 @patch
-def decode(self: GlmImagePolicy, traj: LatentTrajectory, micro_batch_size: int = 8) -> list[Image.Image]:
-    "PIL images of the trajectories' final latents."
+def decode(self: GlmImagePolicy, traj: LatentTrajectory, micro_batch_size: int = 2) -> list[Image.Image]:
+    "PIL images of the trajectories' final latents, `micro_batch_size` at a time (the VAE's activations dominate)."
     pipe, out = self.pipeline, []
     mean, std = self._latent_stats(self.vae.dtype, self.device)
     with torch.no_grad():

@@ -93,7 +93,8 @@ class MemoryPlan:
 
 # %% ../nbs/07_memory.ipynb #23fb9d44
 def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, lora_rank, train, gradient_checkpointing,
-              micro_batch_size, num_steps, sde_window, guidance_scale, dtype_bytes, reward_model_params, prompt_len, decode_batch):
+              micro_batch_size, num_steps, sde_window, guidance_scale, dtype_bytes, reward_model_params, prompt_len, decode_batch,
+              sampling_copy):
     ar, dit, t5, vae = mods["ar"], mods["dit"], mods["text_encoder"], mods["vae"]
     N = group_size * prompts_per_step
     mb = N if micro_batch_size is None else min(micro_batch_size, N)
@@ -106,6 +107,8 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
     n_lora = ((lora_params(ar, AR_LORA_TARGETS, lora_rank) if train in ("ar", "both") else 0)
               + (lora_params(dit, DIT_LORA_TARGETS, lora_rank) if train in ("dit", "both") else 0))
     resident["LoRA + grads + AdamW states (fp32)"] = n_lora * 16
+    resident["step snapshot: LoRA + AdamW states"] = n_lora * 12   # what a failed step is restored from
+    if sampling_copy: resident["sampling copy (AR language model)"] = module_weight_bytes(ar.model.language_model, dtype_bytes)
     resident["reward models"] = reward_model_params * dtype_bytes
     tc = ar.config.text_config
     L, hidden, inter, kv, hd = tc.num_hidden_layers, tc.hidden_size, tc.intermediate_size, tc.num_key_value_heads, tc.hidden_size // tc.num_attention_heads
@@ -149,13 +152,15 @@ def plan(
     dtype: str = "bfloat16",                 # compute dtype
     reward_model_params: int = 0,            # parameters of reward models on the GPU (e.g. 428_000_000 for CLIP-L)
     prompt_len: int = 128,                   # prompt tokens
-    decode_batch: int = 1,                   # images decoded at once
+    decode_batch: int = 2,                   # images the VAE decodes at once (GRPOConfig.decode_batch)
+    sampling_copy: bool = True,              # the merged copy of the AR's language model that samples tokens
     budget_gb: float = 80.0,                 # GPU memory
     modules: dict | None = None,             # components to plan for (default: the real model on the meta device)
 ) -> MemoryPlan:
     "Predict the peak GPU memory of a GRPO step; suggest settings that fit when it does not."
     if train not in ("ar", "dit", "both"): raise ValueError(f"plan: train must be 'ar', 'dit' or 'both', got {train!r}.")
-    for name, v in (("group_size", group_size), ("prompts_per_step", prompts_per_step), ("micro_batch_size", micro_batch_size)):
+    for name, v in (("group_size", group_size), ("prompts_per_step", prompts_per_step), ("micro_batch_size", micro_batch_size),
+                    ("decode_batch", decode_batch)):
         if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"plan: {name} must be an int >= 1, got {v!r}.")
     check_image_size(height, width, "plan")
     if dtype not in DTYPE_BYTES: raise ValueError(f"plan: dtype must be one of {list(DTYPE_BYTES)}, got {dtype!r}.")
@@ -163,10 +168,12 @@ def plan(
     args = dict(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=load_in_4bit,
                 lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing, micro_batch_size=micro_batch_size,
                 num_steps=num_steps, sde_window=sde_window, guidance_scale=guidance_scale, dtype_bytes=DTYPE_BYTES[dtype],
-                reward_model_params=reward_model_params, prompt_len=prompt_len, decode_batch=decode_batch)
+                reward_model_params=reward_model_params, prompt_len=prompt_len, decode_batch=decode_batch,
+                sampling_copy=sampling_copy)
     p = MemoryPlan(*_estimate(mods, **args), budget=int(budget_gb * GB))
     if not p.fits:
-        tries = [dict(load_in_4bit=True), dict(gradient_checkpointing=True), dict(micro_batch_size=1), dict(sde_window=[0]),
+        tries = [dict(load_in_4bit=True), dict(gradient_checkpointing=True), dict(micro_batch_size=1), dict(decode_batch=1),
+                 dict(sampling_copy=False), dict(sde_window=[0]),
                  dict(guidance_scale=1.0), dict(prompts_per_step=1)]
         cur = dict(args)
         for change in tries:

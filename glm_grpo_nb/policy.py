@@ -7,15 +7,18 @@ policy, and saves and loads them; the AR half (`tokens`) and the DiT half (`flow
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import warnings
 from pathlib import Path
 
+from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, atomic_folder, quiet_io, resolve_model  # first: it quiets upstream
 import bitsandbytes as bnb
 import torch
 from fastcore.basics import patch
 from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
+from peft.tuners.lora import LoraLayer
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
@@ -23,10 +26,9 @@ from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GlmImageForConditio
                           T5EncoderModel)
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel
 
-from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, atomic_folder, quiet_io, resolve_model
-
 # %% auto #0
-__all__ = ['quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds', 'generators', 'randn_rows', 'apply_adapters']
+__all__ = ['quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds', 'generators', 'randn_rows', 'merged_weight',
+           'apply_adapters']
 
 # %% ../nbs/02_policy.ipynb #d8758c82
 def _lora_config(spec, targets, what):
@@ -63,7 +65,8 @@ def quantize_dit_4bit(transformer: torch.nn.Module, compute_dtype: torch.dtype, 
 class GlmImagePolicy(torch.nn.Module):
     "GLM-Image's AR model and DiT decoder, with LoRA adapters, as a GRPO policy."
     def __init__(self, processor, tokenizer, text_encoder, vision_language_encoder, transformer, vae, scheduler,
-                 ar_lora=None, dit_lora=None, gradient_checkpointing=True, load_in_4bit=False, lora_seed=0):
+                 ar_lora=None, dit_lora=None, gradient_checkpointing=True, load_in_4bit=False, lora_seed=0,
+                 sampling_copy=False):
         super().__init__()
         self.processor, self.tokenizer, self.scheduler = processor, tokenizer, scheduler
         self.processor.tokenizer.padding_side = "left"  # prompts of different lengths end where generation starts
@@ -74,6 +77,7 @@ class GlmImagePolicy(torch.nn.Module):
         self.codebook_size = cfg.vq_config.num_embeddings
         self.image_start_id, self.image_end_id, self.image_token_id = cfg.image_start_token_id, cfg.image_end_token_id, cfg.image_token_id
         self.ar_peft, self.source, self.load_in_4bit = None, None, load_in_4bit
+        self.sampling_copy, self._sampler = bool(sampling_copy), None   # see `sampling_model`
         ar_cfg = _lora_config(ar_lora, AR_LORA_TARGETS, "ar_lora")
         with _renamed_checkpointing():
             if load_in_4bit:
@@ -125,6 +129,7 @@ def from_pretrained(
     device: str | torch.device | None = None,  # default: CUDA if available
     gradient_checkpointing: bool = True,       # recompute activations in backward (AR layers, DiT blocks)
     lora_seed: int = 0,              # seeds the adapters' random initialisation
+    sampling_copy: bool | None = None,  # sample tokens with a merged copy of the AR (static cache); None: on with CUDA
     verbose: bool = True,            # print the trainable parameter count
 ) -> GlmImagePolicy:
     "Load every component of GLM-Image and attach the requested adapters."
@@ -150,7 +155,8 @@ def from_pretrained(
             vae=AutoencoderKL.from_pretrained(src, subfolder="vae", torch_dtype=dtype).to(device),
             scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(src, subfolder="scheduler"))
     policy = cls(**parts, ar_lora=ar_lora, dit_lora=dit_lora, gradient_checkpointing=gradient_checkpointing,
-                 load_in_4bit=load_in_4bit, lora_seed=lora_seed)
+                 load_in_4bit=load_in_4bit, lora_seed=lora_seed,
+                 sampling_copy=device.type == "cuda" if sampling_copy is None else sampling_copy)
     policy.source = src
     if verbose:
         n, total = policy.num_trainable_parameters(), sum(p.numel() for p in policy.parameters())
@@ -218,6 +224,50 @@ def reference(self: GlmImagePolicy):
             self.transformer.disable_adapters()
             stack.callback(self.transformer.enable_adapters)
         yield self
+
+# %% ../nbs/02_policy.ipynb #60b6eb97
+def merged_weight(layer: torch.nn.Module) -> torch.Tensor:
+    "A Linear's effective weight as a dense float32 tensor: NF4 dequantised, the active LoRA deltas added."
+    base = layer.get_base_layer() if isinstance(layer, LoraLayer) else layer
+    w = base.weight
+    dense = (bnb.functional.dequantize_4bit(w.data, w.quant_state) if isinstance(base, bnb.nn.Linear4bit) else w.detach())
+    dense = dense.float()
+    if isinstance(layer, LoraLayer) and not layer.disable_adapters:
+        for name in layer.active_adapters:
+            if name in layer.lora_A: dense = dense + layer.get_delta_weight(name).float()
+    return dense
+
+@patch
+def _write_sampling_lm(self: GlmImagePolicy, lm: torch.nn.Module) -> None:
+    "Fill `lm` (a plain copy of the AR's language model) with the current effective weights."
+    src = self.ar.model.language_model
+    with torch.no_grad():
+        for name, mod in lm.named_modules():
+            if isinstance(mod, torch.nn.Linear):
+                s = src.get_submodule(name)
+                mod.weight.copy_(merged_weight(s))
+                base = s.get_base_layer() if isinstance(s, LoraLayer) else s
+                if mod.bias is not None: mod.bias.copy_(base.bias)
+            else:
+                for k, p in mod.named_parameters(recurse=False): p.copy_(src.get_submodule(name).get_parameter(k))
+                for k, b in mod.named_buffers(recurse=False):
+                    mod.register_buffer(k, src.get_submodule(name).get_buffer(k).clone(), persistent=k not in mod._non_persistent_buffers_set)
+
+@patch
+def sampling_model(self: GlmImagePolicy) -> GlmImageForConditionalGeneration:
+    "The model `sample_tokens` decodes with: the AR itself, or (sampling_copy) the AR around the merged copy, refreshed."
+    if not self.sampling_copy: return self.ar
+    lm = self.ar.model.language_model
+    if self._sampler is None:
+        dtype = self.ar.get_input_embeddings().weight.dtype
+        with torch.device("meta"): plain = type(lm)._from_config(lm.config, torch_dtype=dtype)
+        plain = plain.to_empty(device=self.device).eval().requires_grad_(False)
+        outer, inner = copy.copy(self.ar), copy.copy(self.ar.model)   # share every other submodule
+        inner._modules = {**self.ar.model._modules, "language_model": plain}
+        outer._modules = {**self.ar._modules, "model": inner}
+        object.__setattr__(self, "_sampler", outer)   # not a registered submodule: not in parameters() or state_dict()
+    self._write_sampling_lm(self._sampler.model.language_model)
+    return self._sampler
 
 # %% ../nbs/02_policy.ipynb #6bce8dec
 def _prefix_keys(f: Path, prefix: str):

@@ -273,13 +273,16 @@ def sample_tokens(
     gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=n_sampled,   # the sampler draws; generate takes its pick
                                pad_token_id=self.processor.tokenizer.pad_token_id, eos_token_id=self.image_end_id,
                                bos_token_id=self.image_start_id)
+    if self.sampling_copy: gen_cfg.cache_implementation = "static"   # compiled by transformers on CUDA
     was_training = self.ar.training
     self.ar.eval()
-    with torch.no_grad():
-        out = self.ar.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), image_grid_thw=grids_n.to(dev),
-                               images_per_sample=per_n.to(dev), generation_config=gen_cfg,
-                               logits_processor=LogitsProcessorList([sampler]))
-    self.ar.train(was_training)
+    try:
+        with torch.no_grad():
+            model = self.sampling_model()   # the AR, or its merged copy (see `policy`)
+            out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), image_grid_thw=grids_n.to(dev),
+                                 images_per_sample=per_n.to(dev), generation_config=gen_cfg,
+                                 logits_processor=LogitsProcessorList([sampler]))
+    finally: self.ar.train(was_training)
     logprobs = sampler.finish(out).cpu()  # on the generation device: the recorded distributions live there
     out = out.cpu()
     if out.shape[1] != ids.shape[1] + n_sampled or (out[:, ids.shape[1]:] >= self.codebook_size).any():

@@ -291,7 +291,7 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
     if c.mode == "joint":
         with _timed(sec, "sample_dit"):
             traj = pol.sample_latents(roll, noise_level=c.noise_level, seed=seeds(len(ps), 1), **latent_kw)
-        with _timed(sec, "decode"): images = pol.decode(traj)
+        with _timed(sec, "decode"): images = pol.decode(traj, c.decode_batch)
         with _timed(sec, "reward"): reward = score(self.reward_fn, images)
         return Sample(ps, ts, ss, G, roll, traj, images, reward, seconds=sec)
     # decoupled: the AR group shares one noise per prompt and ODE steps; the DiT group shares one token sequence
@@ -302,7 +302,7 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
         traj_ar = pol.sample_latents(roll, noise_level=0.0, initial_noise=noise, **latent_kw)
         firsts = roll.select([i * G for i in range(len(prompts)) for _ in range(G)]).regroup(G)
         traj = pol.sample_latents(firsts, noise_level=c.noise_level, seed=seeds(len(ps), 1), **latent_kw)
-    with _timed(sec, "decode"): images, dit_images = pol.decode(traj_ar), pol.decode(traj)
+    with _timed(sec, "decode"): images, dit_images = pol.decode(traj_ar, c.decode_batch), pol.decode(traj, c.decode_batch)
     with _timed(sec, "reward"):
         reward, dit_reward = score(self.ar_reward_fn, images), score(self.dit_reward_fn, dit_images)
     return Sample(ps, ts, ss, G, roll, traj, images, reward, dit_images, dit_reward, seconds=sec)
@@ -582,7 +582,7 @@ def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, fl
                                          top_k=c.top_k, top_p=c.top_p, seed=seed)
         traj = self.policy.sample_latents(roll, num_steps=c.num_steps, noise_level=0.0, guidance_scale=c.guidance_scale,
                                           seed=seed)
-        out = evaluate_reward(self.reward_fn, self.policy.decode(traj), ps, targets, sources, normalize=False)
+        out = evaluate_reward(self.reward_fn, self.policy.decode(traj, c.decode_batch), ps, targets, sources, normalize=False)
     res = {"reward": out.total.mean().item(), **{k: v.mean().item() for k, v in out.components.items()}}
     return res
 
