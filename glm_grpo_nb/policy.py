@@ -27,8 +27,8 @@ from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GlmImageForConditio
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel
 
 # %% auto #0
-__all__ = ['quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds', 'generators', 'randn_rows', 'merged_weight',
-           'apply_adapters']
+__all__ = ['quantize_4bit', 'quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds', 'generators', 'randn_rows',
+           'merged_weight', 'apply_adapters']
 
 # %% ../nbs/02_policy.ipynb #d8758c82
 def _lora_config(spec, targets, what):
@@ -45,21 +45,24 @@ def _renamed_checkpointing():
         yield
 
 # %% ../nbs/02_policy.ipynb #25eeacaf
+def quantize_4bit(module: torch.nn.Module, compute_dtype: torch.dtype, device, select=lambda name, lin: True) -> int:
+    "Replace the Linear layers of `module` for which `select(name, layer)` holds by NF4 `bnb.nn.Linear4bit`; how many."
+    n = 0
+    for name, lin in list(module.named_modules()):
+        if type(lin) is not torch.nn.Linear or lin.in_features % 64 or not select(name, lin): continue  # 64 per NF4 block
+        q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
+                              compute_dtype=compute_dtype, compress_statistics=True, quant_type="nf4")
+        w = lin.weight.data if lin.weight.device.type == "cuda" else lin.weight.data.to("cpu", torch.float32)
+        q.weight = bnb.nn.Params4bit(w.contiguous(), requires_grad=False, compress_statistics=True, quant_type="nf4")
+        if lin.bias is not None: q.bias = torch.nn.Parameter(lin.bias.data.to(compute_dtype), requires_grad=False)
+        parent = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+        setattr(parent, name.rsplit(".", 1)[-1], q.to(device))   # quantised on the way to `device`
+        n += 1
+    return n
+
 def quantize_dit_4bit(transformer: torch.nn.Module, compute_dtype: torch.dtype, device) -> int:
     "Replace the Linear layers inside the DiT's transformer blocks by NF4 `bnb.nn.Linear4bit`; returns how many."
-    n = 0
-    for block in transformer.transformer_blocks:
-        for name, lin in list(block.named_modules()):
-            if type(lin) is not torch.nn.Linear or lin.in_features % 64: continue  # NF4 blocks hold 64 inputs
-            q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
-                                  compute_dtype=compute_dtype, compress_statistics=True, quant_type="nf4")
-            q.weight = bnb.nn.Params4bit(lin.weight.data.to("cpu", torch.float32).contiguous(), requires_grad=False,
-                                         compress_statistics=True, quant_type="nf4")
-            if lin.bias is not None: q.bias = torch.nn.Parameter(lin.bias.data.to(compute_dtype), requires_grad=False)
-            parent = block.get_submodule(name.rsplit(".", 1)[0]) if "." in name else block
-            setattr(parent, name.rsplit(".", 1)[-1], q.to(device))
-            n += 1
-    return n
+    return quantize_4bit(transformer, compute_dtype, device, lambda name, lin: name.startswith("transformer_blocks."))
 
 # %% ../nbs/02_policy.ipynb #35405e21
 class GlmImagePolicy(torch.nn.Module):
@@ -162,6 +165,33 @@ def from_pretrained(
         n, total = policy.num_trainable_parameters(), sum(p.numel() for p in policy.parameters())
         print(f"GlmImagePolicy: {n:,} trainable parameters (LoRA) of {total:,}")
     return policy
+
+@patch(cls_method=True)
+def from_components(
+    cls: GlmImagePolicy,
+    components: dict,                # processor, tokenizer, text_encoder, vision_language_encoder, transformer, vae, scheduler
+    load_in_4bit: bool = False,      # swap the AR's and the DiT blocks' Linear layers for NF4 (the AR's head stays)
+    ar_lora: int | LoraConfig | None = None,
+    dit_lora: int | LoraConfig | None = None,
+    device: str | torch.device | None = None,  # default: CUDA if available
+    gradient_checkpointing: bool = True,
+    lora_seed: int = 0,
+    sampling_copy: bool | None = None,  # None: on with CUDA
+) -> GlmImagePolicy:
+    "A policy from components already in memory (e.g. `tiny.make_random_glm_image()`): no files written or read."
+    missing = [k for k in ("processor", "tokenizer", "text_encoder", "vision_language_encoder", "transformer", "vae",
+                           "scheduler") if k not in components]
+    if missing: raise ValueError(f"from_components: missing {', '.join(missing)}.")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    parts = dict(components)
+    for k in ("text_encoder", "vision_language_encoder", "transformer", "vae"): parts[k] = parts[k].to(device)
+    if load_in_4bit:
+        dtype = parts["transformer"].proj_out.weight.dtype
+        quantize_4bit(parts["vision_language_encoder"], dtype, device, lambda name, lin: not name.endswith("lm_head"))
+        quantize_dit_4bit(parts["transformer"], dtype, device)
+    return cls(**parts, ar_lora=ar_lora, dit_lora=dit_lora, gradient_checkpointing=gradient_checkpointing,
+               load_in_4bit=load_in_4bit, lora_seed=lora_seed,
+               sampling_copy=device.type == "cuda" if sampling_copy is None else sampling_copy)
 
 # %% ../nbs/02_policy.ipynb #6a4bd74e
 @patch

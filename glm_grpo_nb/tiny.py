@@ -20,8 +20,9 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTr
 from .hub import MODEL_INDEX, atomic_folder, check_folder, quiet_io
 
 # %% auto #0
-__all__ = ['TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'make_tiny_glm_image', 'make_tiny_clip',
-           'make_tiny_ocr', 'color_rgb', 'palette_codes', 'codes_image', 'synthetic_scene']
+__all__ = ['RELEASE_IDS', 'TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'make_random_glm_image',
+           'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'color_rgb', 'palette_codes', 'codes_image',
+           'synthetic_scene']
 
 # %% ../nbs/01_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -32,6 +33,10 @@ def _tiny_tokenizer(codebook_size, head_size):
     n_dit = max(head_size, codebook_size + 2)
     vocab = {f"<|dit_token_{i}|>": i for i in range(n_dit)}
     for t in _SPECIALS + _CHARS: vocab[t] = len(vocab)
+    return _char_tokenizer_with(vocab, n_dit, codebook_size)
+
+def _char_tokenizer_with(vocab, n_dit, codebook_size):
+    "The tokenizer and chat template for a vocabulary whose ids 0..n_dit-1 are `<|dit_token_i|>`."
     tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))  # no merges: one token per character
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in list(vocab)[:n_dit] + _SPECIALS])
     start, end = f"<|dit_token_{codebook_size}|>", f"<|dit_token_{codebook_size + 1}|>"
@@ -76,6 +81,39 @@ def _tiny_components(codebook_size, full_head):
                                                 max_shift=0.75, base_image_seq_len=256, time_shift_type="linear")
     return dict(processor=processor, tokenizer=ByT5Tokenizer(), text_encoder=text_encoder, vision_language_encoder=ar,
                 transformer=transformer, vae=vae, scheduler=scheduler)
+
+RELEASE_IDS = {"codes": 16512, "image_start": 16384, "image_end": 16385, "pad": 167841, "image": 167855, "vocab": 168064}
+
+def _release_tokenizer():
+    "The character tokenizer laid out with GLM-Image's released ids (codes 0..16511, pad 167841, <|image|> 167855)."
+    ids = RELEASE_IDS
+    fixed = {ids["pad"]: "<pad>", ids["image"]: "<|image|>", ids["image"] + 1: "<sop>", ids["image"] + 2: "<eop>",
+             ids["image"] + 3: "<|user|>", ids["image"] + 4: "<unk>"}
+    tokens = [f"<|dit_token_{i}|>" for i in range(ids["codes"])] + _CHARS
+    tokens += [fixed.get(i, f"<|reserved_{i}|>") for i in range(len(tokens), ids["vocab"])]
+    return _char_tokenizer_with({t: i for i, t in enumerate(tokens)}, ids["codes"], ids["image_start"])
+
+def make_random_glm_image(
+    device: str | torch.device = "cpu",  # where to build it (a GPU: seconds; "meta": no memory, for counting)
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+) -> dict:                       # the components, for `GlmImagePolicy.from_components`
+    "GLM-Image at its released architecture and token ids, with random weights, in memory: memory and speed checks."
+    from glm_grpo_nb.memory import real_modules
+    tok, template, vocab = _release_tokenizer()
+    processor = GlmImageProcessor(
+        image_processor=GlmImageImageProcessorPil(patch_size=16, temporal_patch_size=1, merge_size=1),
+        tokenizer=tok, chat_template=template)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        mods = real_modules(device, dtype)
+    ar = mods["ar"]
+    gc = ar.generation_config
+    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = RELEASE_IDS["image_start"], RELEASE_IDS["image_end"], RELEASE_IDS["pad"]
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, use_dynamic_shifting=True, base_shift=0.25,
+                                                max_shift=0.75, base_image_seq_len=256, time_shift_type="linear")
+    return dict(processor=processor, tokenizer=ByT5Tokenizer(), text_encoder=mods["text_encoder"],
+                vision_language_encoder=ar, transformer=mods["dit"], vae=mods["vae"], scheduler=scheduler)
 
 # %% ../nbs/01_tiny.ipynb #59fc07d1
 TINY_WEIGHTS_SHA256 = "c91696e49797cb02727478c125598a96448b4ee0a1b0d2e0392b5cf35a16fcb2"
