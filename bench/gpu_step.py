@@ -1,0 +1,96 @@
+"""Benchmark: GRPO steps on GLM-Image at its released size (random weights, built in memory) on one CUDA GPU.
+
+NF4 base weights + rank-16 LoRA on both halves, the sampling copy, 1024x1024, 10 denoising steps with the window [0, 1],
+guidance 1.5, micro-batches of 1: two steps with G=4 x 2 prompts, two with G=8 x 2 prompts, and one image-to-image
+step with a 1024x1024 source. Prints one JSON object: per step the seconds of each phase, ms per sampled token,
+the peak allocated / reserved memory of each phase next to `memory.plan`'s prediction, and the ratio statistics of
+the first inner epoch (AR and DiT) with the sampler-vs-trainer gap.
+Run from the repository root on a machine with CUDA: python -m bench.gpu_step [--quick]"""
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")   # before CUDA starts: reserved ~ allocated
+import torch
+from PIL import Image
+
+import glm_grpo_nb.trainer as trainer_module
+from glm_grpo_nb.hub import token_grid
+from glm_grpo_nb.memory import GB, plan
+from glm_grpo_nb.policy import GlmImagePolicy
+from glm_grpo_nb.rewards import RednessReward
+from glm_grpo_nb.tiny import make_random_glm_image
+from glm_grpo_nb.trainer import GRPOTrainer
+
+PROMPTS = ["a lighthouse on a cliff at dusk, oil painting", "a bowl of ramen on a wooden table, photo",
+           "a poster that says 'GRPO' in bold red letters", "a cat astronaut floating above the earth"]
+PLAN_PHASE = {"sample_ar": "sample tokens", "sample_dit": "sample latents", "decode": "decode",
+              "update_ar": "update AR", "update_dit": "update DiT"}
+PEAKS: dict = {}
+
+
+@contextlib.contextmanager
+def timed_with_memory(seconds: dict, name: str):
+    "The trainer's `_timed`, also recording the phase's peak allocated and reserved CUDA memory."
+    torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    try: yield
+    finally:
+        torch.cuda.synchronize()
+        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+        a, r = torch.cuda.max_memory_allocated() / GB, torch.cuda.max_memory_reserved() / GB
+        old = PEAKS.get(name, (0.0, 0.0))
+        PEAKS[name] = (max(old[0], a), max(old[1], r))
+
+
+def run(policy, group_size, prompts_per_step, steps, sources=None, size=1024):
+    data = [{"prompt": p, **({"source": sources} if sources else {})} for p in PROMPTS]
+    t = GRPOTrainer(policy, RednessReward(), data, group_size=group_size, prompts_per_step=prompts_per_step,
+                    height=size, width=size, num_steps=10, sde_window=[0, 1], guidance_scale=1.5, micro_batch_size=1,
+                    lr=1e-5, max_consecutive_skips=100)
+    pl = plan(height=size, width=size, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=True,
+              lora_rank=16, num_steps=10, sde_window=[0, 1], guidance_scale=1.5, micro_batch_size=1,
+              decode_batch=t.config.decode_batch, sampling_copy=policy.sampling_copy)
+    resident = sum(pl.resident.values()) / GB
+    gh, gw = token_grid(size, size)
+    out = []
+    for _ in range(steps):
+        PEAKS.clear()
+        res = t.step()
+        m, sec = res.metrics, res.seconds
+        n_tokens = gh * gw + (0 if sources else 256)   # the large grid, and for t2i the 16x16 preview written first
+        out.append({
+            "seconds": {k: round(v, 2) for k, v in sec.items()}, "step_seconds": round(sum(sec.values()), 1),
+            "ms_per_token": round(1000 * sec["sample_ar"] / n_tokens, 2),
+            "memory_gb": {k: {"allocated": round(a, 2), "reserved": round(r, 2),
+                              "plan": round(resident + sum(pl.phases[PLAN_PHASE[k]].values()) / GB, 2)
+                              if k in PLAN_PHASE else None} for k, (a, r) in PEAKS.items()},
+            "ratio": {k: m.get(k) for k in ("ar/ratio_min", "ar/ratio_max", "dit/ratio_min", "dit/ratio_max",
+                                            "ar/sampler_gap")},
+            "skipped": res.skipped})
+    return {"setting": f"G={group_size} x {prompts_per_step} prompts, {size}x{size}" + (", i2i" if sources else ""),
+            "plan_peak_gb": round(pl.peak / GB, 2), "steps": out}
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available(): sys.exit("bench.gpu_step needs a CUDA GPU.")
+    quick = "--quick" in sys.argv   # 512x512 and one step each: a smoke test of the script
+    size = 512 if quick else 1024
+    trainer_module._timed = timed_with_memory
+    t0 = time.perf_counter()
+    parts = make_random_glm_image("cuda", torch.bfloat16)
+    policy = GlmImagePolicy.from_components(parts, load_in_4bit=True, ar_lora=16, dit_lora=16, device="cuda")
+    torch.cuda.synchronize()
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "build_seconds": round(time.perf_counter() - t0, 1),
+              "resident_gb": round(torch.cuda.memory_allocated() / GB, 2), "sampling_copy": policy.sampling_copy, "runs": []}
+    steps = 1 if quick else 2
+    report["runs"].append(run(policy, 4, 2, steps, size=size))
+    report["runs"].append(run(policy, 8, 2, steps, size=size))
+    source = Path(tempfile.mkdtemp()) / "source.png"
+    Image.linear_gradient("L").convert("RGB").resize((size, size)).save(source)
+    report["runs"].append(run(policy, 4, 1, 1, sources=[str(source)], size=size))
+    print(json.dumps(report, indent=1))
