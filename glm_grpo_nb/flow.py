@@ -21,7 +21,7 @@ from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache
 from diffusers.pipelines.glm_image.pipeline_glm_image import calculate_shift, retrieve_timesteps
 
 from .hub import sde_steps
-from .policy import GlmImagePolicy, generators, randn_rows, sample_seeds
+from .policy import GlmImagePolicy, generators, randn_rows, sample_seeds, to_host
 if TYPE_CHECKING: from glm_grpo_nb.tokens import TokenRollout  # flow never imports tokens at run time
 
 # %% auto #0
@@ -107,14 +107,14 @@ def _schedule(self: GlmImagePolicy, num_steps, height, width):
     mu = calculate_shift(seq_len, sch.config.get("base_image_seq_len", 256), sch.config.get("base_shift", 0.25),
                          sch.config.get("max_shift", 0.75))
     timesteps, _ = retrieve_timesteps(sch, num_steps, "cpu", ts, ts / sch.config.num_train_timesteps, mu=mu)
-    return timesteps.float().cpu(), sch.sigmas.float().cpu()
+    return to_host(timesteps.float()), to_host(sch.sigmas.float())
 
 # %% ../nbs/02b_flow.ipynb #9fecfce0
 @patch
 def _latent_stats(self: GlmImagePolicy, dtype, device):
     c = self.vae.config
-    return (torch.tensor(c.latents_mean).view(1, -1, 1, 1).to(device, dtype),
-            torch.tensor(c.latents_std).view(1, -1, 1, 1).to(device, dtype))
+    return (self.on_device(torch.tensor(c.latents_mean).view(1, -1, 1, 1), dtype),
+            self.on_device(torch.tensor(c.latents_std).view(1, -1, 1, 1), dtype))
 
 @patch
 def _condition_cache(self: GlmImagePolicy, rollout: TokenRollout, prompt_rows: list[int], dtype):
@@ -131,9 +131,9 @@ def _condition_cache(self: GlmImagePolicy, rollout: TokenRollout, prompt_rows: l
             ids = torch.split(rollout.source_token_ids[i], rollout.source_grid_thw[i].prod(-1).tolist())
             for im, code, thw in zip(rollout.images[i], ids, rollout.source_grid_thw[i].tolist()):
                 h, w = (im.height // mult) * mult, (im.width // mult) * mult
-                pix = pipe.image_processor.preprocess(im, height=h, width=w).to(dev, dtype)
+                pix = self.on_device(pipe.image_processor.preprocess(im, height=h, width=w), dtype)
                 with torch.no_grad(): lat = self.vae.encode(pix).latent_dist.mode()
-                prior = GlmImagePipeline._upsample_token_ids(code, thw[1], thw[2])[0].to(dev)
+                prior = self.on_device(GlmImagePipeline._upsample_token_ids(code, thw[1], thw[2])[0])
                 self.transformer(hidden_states=(lat - mean) / std, encoder_hidden_states=torch.zeros(1, 0, self.transformer.config.text_embed_dim, device=dev, dtype=dtype),
                                  prior_token_id=prior, prior_token_drop=torch.zeros_like(prior, dtype=torch.bool),
                                  timestep=torch.zeros(1, device=dev), target_size=torch.tensor([[h, w]], device=dev),
@@ -151,7 +151,7 @@ def _velocity(self: GlmImagePolicy, x, t, prior, embeds, neg_embeds, guidance_sc
     n, dt = x.shape[0], self.dit_dtype
     size = torch.tensor([[height, width]], dtype=embeds.dtype, device=x.device).repeat(n, 1)
     crop = torch.zeros(n, 2, dtype=embeds.dtype, device=x.device)
-    timestep = t.to(x.device).expand(n) - 1
+    timestep = self.on_device(t).expand(n) - 1
     kw = dict(hidden_states=x.to(dt), prior_token_id=prior, timestep=timestep, target_size=size, crop_coords=crop,
               return_dict=False)
     v = self.transformer(encoder_hidden_states=embeds, prior_token_drop=torch.zeros_like(prior, dtype=torch.bool),
@@ -217,18 +217,18 @@ def sample_latents(
     if initial_noise is not None:
         if tuple(initial_noise.shape) != shape:
             raise ValueError(f"sample_latents: initial_noise has shape {tuple(initial_noise.shape)}, expected {shape}.")
-        x = initial_noise.float().to(dev)
+        x = self.on_device(initial_noise.float())
     else:
         x = randn_rows(gens, shape[1:], dev)
     cfg = guidance_scale > 1
     with torch.no_grad():
-        B, G = len(rollout.prompts), rollout.group_size
+        G = rollout.group_size
         embeds, lengths, neg = self._glyph_embeds(rollout.prompts, G, cfg, dtype)
         groups = _length_groups(lengths, range(N))   # whole prompt groups: a prompt's samples share its glyphs
         caches = {P: self._condition_cache(rollout, sorted({r // G for r in rows}), dtype) if rollout.images else None
                   for P, rows in groups.items()}
-        prior = rollout.prior_token_ids.to(dev)
-        path, logprobs, stds = [x.cpu()], torch.zeros(N, num_steps), torch.zeros(num_steps)
+        prior = self.on_device(rollout.prior_token_ids)
+        path, logprobs, stds = [to_host(x)], torch.zeros(N, num_steps), torch.zeros(num_steps)
         for i in range(num_steps):
             v = torch.empty_like(x)
             for P, rows in groups.items():
@@ -240,16 +240,16 @@ def sample_latents(
                 if tau > 0:
                     noise = randn_rows(gens, shape[1:], dev)
                     x = mean + tau * noise
-                    logprobs[:, i] = step_logprob(x, mean, tau, cps_logprob).cpu()
+                    logprobs[:, i] = to_host(step_logprob(x, mean, tau, cps_logprob))
                     stds[i] = tau
                 else: x = mean
             else:
-                x = x + (sigmas[i + 1] - sigmas[i]).to(dev) * v   # the scheduler's Euler step, in fp32
-            path.append(x.cpu())
+                x = x + self.on_device(sigmas[i + 1] - sigmas[i]) * v   # the scheduler's Euler step, in fp32
+            path.append(to_host(x))
     return LatentTrajectory(rollout=rollout, latents=torch.stack(path, 1), logprobs=logprobs, timesteps=timesteps,
-                            sigmas=sigmas, stochastic=stds > 0, step_std=stds, prompt_embeds=embeds.cpu(),
+                            sigmas=sigmas, stochastic=stds > 0, step_std=stds, prompt_embeds=to_host(embeds),
                             embed_lengths=lengths,
-                            negative_prompt_embeds=neg.cpu() if neg is not None else None, noise_level=noise_level,
+                            negative_prompt_embeds=to_host(neg), noise_level=noise_level,
                             sde_type=sde_type, guidance_scale=guidance_scale, cps_logprob=cps_logprob)
 
 # %% ../nbs/02b_flow.ipynb #85d35acf
@@ -260,7 +260,7 @@ def decode(self: GlmImagePolicy, traj: LatentTrajectory, micro_batch_size: int =
     mean, std = self._latent_stats(self.vae.dtype, self.device)
     with torch.no_grad():
         for z in traj.latents[:, -1].split(micro_batch_size):
-            img = self.vae.decode(z.to(self.device, self.vae.dtype) * std + mean, return_dict=False)[0]
+            img = self.vae.decode(self.on_device(z, self.vae.dtype) * std + mean, return_dict=False)[0]
             out += pipe.image_processor.postprocess(img, output_type="pil")
     return out
 
@@ -287,13 +287,13 @@ def latent_logprobs(
             for P, rows in _length_groups(traj.embed_lengths, range(start, min(start + mb, N))).items():
                 cache = (self._condition_cache(traj.rollout, [r // G for r in rows], self.dit_dtype)
                          if traj.rollout.images else None)
-                embeds = traj.prompt_embeds[rows, -P:].to(dev)
-                neg = traj.negative_prompt_embeds[rows].to(dev) if traj.negative_prompt_embeds is not None else None
-                prior = traj.rollout.prior_token_ids[rows].to(dev)
+                embeds = self.on_device(traj.prompt_embeds[rows, -P:])
+                neg = self.on_device(None if traj.negative_prompt_embeds is None else traj.negative_prompt_embeds[rows])
+                prior = self.on_device(traj.rollout.prior_token_ids[rows])
                 lp = torch.zeros(len(rows), S, device=dev)
                 step_means = []
                 for i in steps:
-                    x, x_next = traj.latents[rows, i].to(dev), traj.latents[rows, i + 1].to(dev)
+                    x, x_next = self.on_device(traj.latents[rows, i]), self.on_device(traj.latents[rows, i + 1])
                     v = self._velocity(x, traj.timesteps[i], prior, embeds, neg, traj.guidance_scale, cache,
                                        traj.rollout.height, traj.rollout.width)
                     mean, tau = sde_step(x, v, traj.sigmas[i].item(), traj.sigmas[i + 1].item(), traj.noise_level,
@@ -304,6 +304,6 @@ def latent_logprobs(
                 if return_means: means.append(torch.stack(step_means, 1))
     finally:
         self.transformer.train(was_training)
-    back = torch.argsort(torch.tensor(order)).to(dev)   # rows were grouped by glyph length: back to their order
+    back = self.on_device(torch.argsort(torch.tensor(order)))   # rows were grouped by glyph length: back to their order
     lp = torch.cat(out, 0)[back]
     return (lp, torch.cat(means, 0)[back]) if return_means else lp

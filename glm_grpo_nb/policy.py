@@ -27,8 +27,8 @@ from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GlmImageForConditio
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel
 
 # %% auto #0
-__all__ = ['quantize_4bit', 'quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds', 'generators', 'randn_rows',
-           'merged_weight', 'apply_adapters']
+__all__ = ['to_host', 'quantize_4bit', 'quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds', 'generators',
+           'randn_rows', 'merged_weight', 'apply_adapters']
 
 # %% ../nbs/02_policy.ipynb #d8758c82
 def _lora_config(spec, targets, what):
@@ -43,6 +43,10 @@ def _renamed_checkpointing():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", r"`(is_)?gradient_checkpointing(_enable)?` is deprecated", FutureWarning)
         yield
+
+def to_host(x: torch.Tensor | None) -> torch.Tensor | None:
+    "A detached CPU tensor (or None): what stages return and keep (rollouts, trajectories, log-probs) lives on the CPU."
+    return None if x is None else x.detach().cpu()
 
 # %% ../nbs/02_policy.ipynb #25eeacaf
 def quantize_4bit(module: torch.nn.Module, compute_dtype: torch.dtype, device, select=lambda name, lin: True) -> int:
@@ -114,6 +118,10 @@ class GlmImagePolicy(torch.nn.Module):
 
     @property
     def device(self): return next(self.ar.parameters()).device
+
+    def on_device(self, x: torch.Tensor | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        "A tensor (or None) on the policy's device: with `to_host`, the one way tensors cross between devices."
+        return None if x is None else x.to(self.device, dtype) if dtype is not None else x.to(self.device)
 
     @property
     def dit_dtype(self) -> torch.dtype:

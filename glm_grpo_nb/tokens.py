@@ -16,7 +16,7 @@ from PIL import Image
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from .hub import check_image_size, token_grid
-from .policy import GlmImagePolicy, generators, sample_seeds
+from .policy import GlmImagePolicy, generators, sample_seeds, to_host
 
 # %% auto #0
 __all__ = ['sampling_logits', 'GridLayout', 'TokenRollout']
@@ -231,8 +231,8 @@ def _encode_prompts(self: GlmImagePolicy, prompts, height, width, images):
                                  f"was resized by the processor to a {g[1]}x{g[2]} grid instead of {want[1]}x{want[2]}; "
                                  "use source images between the processor's minimum and maximum size.")
         with torch.no_grad():
-            feats = model.get_image_features(enc["pixel_values"].to(self.device), src_grids.to(self.device)).pooler_output
-            codes = model.get_image_tokens(feats).cpu()
+            feats = model.get_image_features(self.on_device(enc["pixel_values"]), self.on_device(src_grids)).pooler_output
+            codes = to_host(model.get_image_tokens(feats))
         input_ids = input_ids.masked_scatter(input_ids == self.image_token_id, codes)
         sizes = src_grids.prod(-1).view(len(prompts), n_src).sum(-1).tolist()
         source_ids = list(torch.split(codes, sizes))
@@ -267,7 +267,6 @@ def sample_tokens(
     n_sampled = layout.num_tokens
     ids, mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
     grids_n, per_n = _repeat_groups(grids, per_sample, G)
-    dev = self.device
     seeds = sample_seeds(seed, ids.shape[0], "sample_tokens: seed")
     sampler = _GridSampler(self.codebook_size, temperature, top_k, top_p, ids.shape[1], seeds)
     gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=n_sampled,   # the sampler draws; generate takes its pick
@@ -279,12 +278,13 @@ def sample_tokens(
     try:
         with torch.no_grad():
             model = self.sampling_model()   # the AR, or its merged copy (see `policy`)
-            out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), image_grid_thw=grids_n.to(dev),
-                                 images_per_sample=per_n.to(dev), generation_config=gen_cfg,
+            out = model.generate(input_ids=self.on_device(ids), attention_mask=self.on_device(mask),
+                                 image_grid_thw=self.on_device(grids_n), images_per_sample=self.on_device(per_n),
+                                 generation_config=gen_cfg,
                                  logits_processor=LogitsProcessorList([sampler]))
     finally: self.ar.train(was_training)
-    logprobs = sampler.finish(out).cpu()  # on the generation device: the recorded distributions live there
-    out = out.cpu()
+    logprobs = to_host(sampler.finish(out))  # on the generation device: the recorded distributions live there
+    out = to_host(out)
     if out.shape[1] != ids.shape[1] + n_sampled or (out[:, ids.shape[1]:] >= self.codebook_size).any():
         raise RuntimeError("generation did not produce exactly the grid tokens; this is a bug, please report it.")
     return self._rollout(prompts, G, layout, height, width, ids, mask, grids_n, per_n, out[:, ids.shape[1]:],
@@ -331,12 +331,12 @@ def rollout_from_tokens(
 @patch
 def _position_ids(self: GlmImagePolicy, rollout: TokenRollout, rows: slice) -> torch.Tensor:
     "[3, n, L + T - 1] M-RoPE positions exactly as generation used them, for the sequences without the end token."
-    model, dev = self.ar.model, self.device
-    ids, mask = rollout.input_ids[rows].to(dev), rollout.attention_mask[rows].to(dev)
+    model = self.ar.model
+    ids, mask = self.on_device(rollout.input_ids[rows]), self.on_device(rollout.attention_mask[rows])
     blocks = torch.split(rollout.image_grid_thw, rollout.images_per_sample.tolist())
     per = rollout.images_per_sample[rows]
-    grids = torch.cat(blocks[rows]).to(dev)
-    prompt_pos, _ = model.get_rope_index(ids, image_grid_thw=grids, images_per_sample=per.to(dev), attention_mask=mask)
+    grids = self.on_device(torch.cat(blocks[rows]))
+    prompt_pos, _ = model.get_rope_index(ids, image_grid_thw=grids, images_per_sample=self.on_device(per), attention_mask=mask)
     decode_pos = model._cached_decode_position_ids.permute(1, 0, 2)  # [3, n, T]
     T = rollout.completion.shape[1]
     return torch.cat([prompt_pos, decode_pos[:, :, :T - 1]], dim=2)
@@ -354,21 +354,21 @@ def token_logprobs(
     if mb < 1: raise ValueError(f"token_logprobs: micro_batch_size must be >= 1, got {micro_batch_size}.")
     if rollout.sequences.max() >= self.ar.config.text_config.vocab_size:
         raise ValueError("token_logprobs: the rollout holds ids outside this model's vocabulary; it comes from another model.")
-    dev, out = self.device, []
+    out = []
     grad = torch.is_grad_enabled()
     was_training = self.ar.training
     self.ar.train(grad)  # train mode only so gradient checkpointing engages; dropout is 0 in our LoRA and in GLM-Image
     try:
         for start in range(0, N, mb):
             rows = slice(start, min(start + mb, N))
-            seq = rollout.sequences[rows, :-1].to(dev)
-            attn = torch.cat([rollout.attention_mask[rows], torch.ones(seq.shape[0], T - 1, dtype=torch.long)], 1).to(dev)
+            seq = self.on_device(rollout.sequences[rows, :-1])
+            attn = self.on_device(torch.cat([rollout.attention_mask[rows], torch.ones(seq.shape[0], T - 1, dtype=torch.long)], 1))
             with torch.no_grad(): pos = self._position_ids(rollout, rows)
             logits = self.ar(input_ids=seq, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=T).logits
             logp = sampling_logits(logits, self.codebook_size, rollout.temperature, rollout.top_k, rollout.top_p).log_softmax(-1)
-            target = rollout.completion[rows].to(dev).clamp(max=logp.shape[-1] - 1)
+            target = self.on_device(rollout.completion[rows]).clamp(max=logp.shape[-1] - 1)
             lp = logp.gather(-1, target[..., None])[..., 0]
-            out.append(torch.where(rollout.completion_mask[rows].to(dev), lp, torch.zeros_like(lp)))
+            out.append(torch.where(self.on_device(rollout.completion_mask[rows]), lp, torch.zeros_like(lp)))
     finally:
         self.ar.train(was_training)
     return torch.cat(out, 0)

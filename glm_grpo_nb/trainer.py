@@ -30,7 +30,7 @@ from .data import PromptDataset, open_image
 from .hub import (RunLock, atomic_folder, check_digests, file_digests, mark_folder, model_size,
                              remove_leftovers)
 from .loss import aggregate, clipped_surrogate, gaussian_kl, group_advantages, kl_k3
-from .policy import GlmImagePolicy, generators, mix_seed, randn_rows
+from .policy import GlmImagePolicy, generators, mix_seed, randn_rows, to_host
 from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward, reward_name
 from .tokens import TokenRollout
 from .flow import LatentTrajectory
@@ -312,7 +312,7 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
 def _global_advantages(self: GRPOTrainer, rewards: torch.Tensor):
     acc = self.accelerator
     local = rewards.to(acc.device)
-    full = acc.gather(local).cpu() if acc.num_processes > 1 else local.cpu()
+    full = to_host(acc.gather(local) if acc.num_processes > 1 else local)
     adv, stats = group_advantages(full, self.config.group_size, scale=self.config.advantage_scale)
     n = rewards.shape[0]
     return adv[acc.process_index * n:(acc.process_index + 1) * n], stats, full
@@ -339,25 +339,25 @@ def _micro_batches(self: GRPOTrainer, n):
 
 @patch
 def _ar_loss(self: GRPOTrainer, roll, adv, ref_lp, old_lp):
-    c, lp = self.config, self.policy.token_logprobs(roll)
-    mask = roll.completion_mask.to(lp.device)
-    loss, m = clipped_surrogate(lp, old_lp.to(lp.device), adv.to(lp.device), mask=mask,
+    c, lp, dev = self.config, self.policy.token_logprobs(roll), self.policy.on_device
+    mask = dev(roll.completion_mask)
+    loss, m = clipped_surrogate(lp, dev(old_lp), dev(adv), mask=mask,
                                 clip_range=c.clip_range, clip_range_high=c.clip_range_high, aggregation=c.aggregation)
     if ref_lp is not None:
-        kl = aggregate(kl_k3(lp, ref_lp.to(lp.device), mask), mask, c.aggregation)
+        kl = aggregate(kl_k3(lp, dev(ref_lp), mask), mask, c.aggregation)
         loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
     return loss, m
 
 @patch
 def _dit_loss(self: GRPOTrainer, traj, adv, ref_means, old_lp=None):
-    c, kl_on = self.config, ref_means is not None
+    c, kl_on, dev = self.config, ref_means is not None, self.policy.on_device
     out = self.policy.latent_logprobs(traj, return_means=kl_on)
     lp, means = out if kl_on else (out, None)
-    mask = traj.stochastic[None].expand(lp.shape[0], -1).to(lp.device)
-    loss, m = clipped_surrogate(lp, traj.logprobs.to(lp.device), adv.to(lp.device), mask=mask, clip_range=c.clip_range,
+    mask = dev(traj.stochastic[None].expand(lp.shape[0], -1))
+    loss, m = clipped_surrogate(lp, dev(traj.logprobs), dev(adv), mask=mask, clip_range=c.clip_range,
                                 clip_range_high=c.clip_range_high, aggregation=c.aggregation)
     if kl_on:
-        kl = gaussian_kl(means, ref_means.to(means.device), traj.step_std[traj.stochastic].to(means.device)).mean()
+        kl = gaussian_kl(means, dev(ref_means), dev(traj.step_std[traj.stochastic])).mean()
         loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
     return loss, m
 
@@ -368,8 +368,9 @@ def _references(self: GRPOTrainer, s: Sample):
     c = self.config
     if c.kl_coef <= 0: return None, None
     with torch.no_grad(), self.policy.reference():
-        ref_lp = self.policy.token_logprobs(s.rollout, micro_batch_size=c.micro_batch_size).cpu() if c.train_ar else None
-        ref_means = (self.policy.latent_logprobs(s.trajectory, micro_batch_size=c.micro_batch_size, return_means=True)[1].cpu()
+        ref_lp = to_host(self.policy.token_logprobs(s.rollout, micro_batch_size=c.micro_batch_size)) if c.train_ar else None
+        ref_means = (to_host(self.policy.latent_logprobs(s.trajectory, micro_batch_size=c.micro_batch_size,
+                                                          return_means=True)[1])
                      if c.train_dit and s.trajectory.stochastic.any() else None)
     return ref_lp, ref_means
 
@@ -379,7 +380,7 @@ def _old_logprobs(self: GRPOTrainer, roll: TokenRollout) -> torch.Tensor:
     # Whatever engine sampled the tokens (a bf16 copy with a static cache, say), the first inner epoch's ratio is then
     # exactly 1; the sampler's own numbers only measure how far it drifts (`ar/sampler_gap`).
     with torch.no_grad():
-        return torch.cat([self.policy.token_logprobs(roll.select(rows)).cpu() for rows in self._micro_batches(roll.num_samples)])
+        return torch.cat([to_host(self.policy.token_logprobs(roll.select(rows))) for rows in self._micro_batches(roll.num_samples)])
 
 @patch
 def _snapshot(self: GRPOTrainer):
