@@ -317,6 +317,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'glm_grpo_nb.tokens._check_images': ('tokens.html#_check_images', 'glm_grpo_nb/tokens.py'),
                                     'glm_grpo_nb.tokens._check_prompts': ('tokens.html#_check_prompts', 'glm_grpo_nb/tokens.py'),
                                     'glm_grpo_nb.tokens._check_sampling': ('tokens.html#_check_sampling', 'glm_grpo_nb/tokens.py'),
+                                    'glm_grpo_nb.tokens._pad_left': ('tokens.html#_pad_left', 'glm_grpo_nb/tokens.py'),
                                     'glm_grpo_nb.tokens._repeat_groups': ('tokens.html#_repeat_groups', 'glm_grpo_nb/tokens.py'),
                                     'glm_grpo_nb.tokens.sampling_logits': ('tokens.html#sampling_logits', 'glm_grpo_nb/tokens.py')},
             'glm_grpo_nb.trainer': { 'glm_grpo_nb.trainer.GRPOTrainer': ('trainer.html#grpotrainer', 'glm_grpo_nb/trainer.py'),

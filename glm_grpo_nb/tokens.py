@@ -240,6 +240,13 @@ def _encode_prompts(self: GlmImagePolicy, prompts, height, width, images):
     return input_ids, enc["attention_mask"], grids, per_sample, source_ids, source_grids
 
 # %% ../nbs/02a_tokens.ipynb #fccf0af6
+def _pad_left(ids, mask, pad_id, multiple: int):
+    "Left-pad prompts to a multiple of `multiple` tokens, so a compiled static-cache decode meets few distinct shapes."
+    extra = -ids.shape[1] % multiple
+    if not extra: return ids, mask
+    return (torch.cat([ids.new_full((ids.shape[0], extra), pad_id), ids], 1),
+            torch.cat([mask.new_zeros((mask.shape[0], extra)), mask], 1))
+
 def _repeat_groups(grids, per_sample, group_size):
     "Repeat each sample's block of grids `group_size` times (prompt-major)."
     blocks = torch.split(grids, per_sample.tolist())
@@ -266,6 +273,7 @@ def sample_tokens(
     G, layout = group_size, GridLayout.of(height, width, grids, per_sample, i2i=images is not None)
     n_sampled = layout.num_tokens
     ids, mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
+    if self.sampling_copy: ids, mask = _pad_left(ids, mask, self.processor.tokenizer.pad_token_id, 64)
     grids_n, per_n = _repeat_groups(grids, per_sample, G)
     seeds = sample_seeds(seed, ids.shape[0], "sample_tokens: seed")
     sampler = _GridSampler(self.codebook_size, temperature, top_k, top_p, ids.shape[1], seeds)
