@@ -5,6 +5,7 @@
 # %% ../nbs/07_memory.ipynb #54f51da7
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -44,19 +45,19 @@ def ar_quantized(name, lin): return not name.endswith("lm_head")       # transfo
 def dit_quantized(name, lin): return name.startswith("transformer_blocks.") and lin.in_features % 64 == 0  # quantize_dit_4bit
 
 # %% ../nbs/07_memory.ipynb #0d6bcbcf
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None):
+    "torch's default dtype set to `dtype` (None: unchanged) inside the block."
+    before = torch.get_default_dtype()
+    if dtype is not None: torch.set_default_dtype(dtype)
+    try: yield
+    finally: torch.set_default_dtype(before)
+
 def real_modules(device="meta", dtype: torch.dtype | None = None):
     "GLM-Image's released components (AR, DiT, glyph encoder, VAE), random; on the meta device they cost no memory."
     from diffusers import AutoencoderKL, GlmImageTransformer2DModel
     from transformers import GlmImageConfig, GlmImageForConditionalGeneration, T5Config, T5EncoderModel
-    before = torch.get_default_dtype()
-    if dtype is not None: torch.set_default_dtype(dtype)
-    try: return _real_modules(device, GlmImageConfig, GlmImageForConditionalGeneration, GlmImageTransformer2DModel,
-                              T5Config, T5EncoderModel, AutoencoderKL)
-    finally: torch.set_default_dtype(before)
-
-def _real_modules(device, GlmImageConfig, GlmImageForConditionalGeneration, GlmImageTransformer2DModel, T5Config,
-                  T5EncoderModel, AutoencoderKL):
-    with torch.device(device):
+    with _default_dtype(dtype), torch.device(device):
         ar = GlmImageForConditionalGeneration(GlmImageConfig(text_config={"rope_parameters": {
             "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12], "partial_rotary_factor": 0.5}}))
         dit = GlmImageTransformer2DModel(num_layers=30, attention_head_dim=128, num_attention_heads=32)  # the 7B release
