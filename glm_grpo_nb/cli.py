@@ -202,18 +202,23 @@ def _dataset_rows(prompts, targets, sources):
 
 TRAIN_DEFAULTS = {"save_every": 50}   # where `glm-grpo train` departs from GRPOConfig's defaults
 
+def _add_option(parser: argparse.ArgumentParser, name: str, kind, help: str, choices=None, list_metavar: str = "N"):
+    "--name for a value of type `kind`: --x/--no-x for a switch, several values for a list; absent stays absent."
+    if type(None) in typing.get_args(kind): kind = next(a for a in typing.get_args(kind) if a is not type(None))  # X | None
+    kw = dict(dest=name, default=argparse.SUPPRESS, help=help)   # so the function's or the config's default applies
+    if kind is bool: kw["action"] = argparse.BooleanOptionalAction
+    elif typing.get_origin(kind) is list: kw.update(nargs="+", type=typing.get_args(kind)[0], metavar=list_metavar)
+    else: kw.update(type=kind, metavar=kind.__name__.upper())
+    if choices: kw.update(choices=choices, metavar=None)
+    parser.add_argument("--" + name.replace("_", "-"), **kw)
+
 def config_options(parser: argparse.ArgumentParser, defaults: dict = TRAIN_DEFAULTS) -> argparse.ArgumentParser:
     "Add one option per GRPOConfig field: its help and choices, --x/--no-x for switches, a list of steps for sde_window."
-    kinds = {"int": int, "float": float, "str": str}
+    hints = typing.get_type_hints(GRPOConfig)
     for f in dataclasses.fields(GRPOConfig):
         default = defaults.get(f.name, f.default)
         shown = "" if default is None else f" (default: {default})"   # None's meaning is in the help itself
-        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"] + shown)
-        if f.type == "bool": kw["action"] = argparse.BooleanOptionalAction
-        elif f.type.startswith("list[int]"): kw.update(nargs="+", type=int, metavar="STEP")
-        else: kw.update(type=kinds[f.type.split(" |")[0]], metavar=f.type.split(" |")[0].upper())
-        if f.metadata["choices"]: kw.update(choices=f.metadata["choices"], metavar=None)
-        parser.add_argument("--" + f.name.replace("_", "-"), **kw)
+        _add_option(parser, f.name, hints[f.name], f.metadata["help"] + shown, f.metadata["choices"], list_metavar="STEP")
     return parser
 
 def train(
@@ -337,15 +342,10 @@ def command_parser(func, prog: str, more_help: dict | None = None) -> argparse.A
     for name, p in inspect.signature(func).parameters.items():
         if p.kind is p.VAR_KEYWORD: continue
         kind = hints.get(name, str)
-        if type(None) in typing.get_args(kind): kind = next(a for a in typing.get_args(kind) if a is not type(None))  # X | None
         shown = "" if p.default in (None, "", p.empty) else f" (default: {' '.join(map(str, p.default)) if isinstance(p.default, list) else p.default})"
         help_ = (docs.get(name) or "") + (more_help or {}).get(name, "") + shown
-        if p.default is p.empty: parser.add_argument(name, type=kind, help=help_); continue
-        kw = dict(dest=name, default=argparse.SUPPRESS, help=help_)   # absent options keep the function's default
-        if kind is bool: kw["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(kind) is list: kw.update(nargs="+", type=typing.get_args(kind)[0], metavar="N")
-        else: kw.update(type=kind, metavar=kind.__name__.upper())
-        parser.add_argument("--" + name.replace("_", "-"), **kw)
+        if p.default is p.empty: parser.add_argument(name, type=kind, help=help_)
+        else: _add_option(parser, name, kind, help_)
     return parser
 
 def _option_style(parser, argv):
