@@ -41,6 +41,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                   'glm_grpo_nb/data.py'),
                                   'glm_grpo_nb.data.PromptDataset.has_targets': ( 'data.html#promptdataset.has_targets',
                                                                                   'glm_grpo_nb/data.py'),
+                                  'glm_grpo_nb.data.PromptDataset.unmet_needs': ( 'data.html#promptdataset.unmet_needs',
+                                                                                  'glm_grpo_nb/data.py'),
                                   'glm_grpo_nb.data._check_images': ('data.html#_check_images', 'glm_grpo_nb/data.py'),
                                   'glm_grpo_nb.data._collect': ('data.html#_collect', 'glm_grpo_nb/data.py'),
                                   'glm_grpo_nb.data._collect_folder': ('data.html#_collect_folder', 'glm_grpo_nb/data.py'),

@@ -258,12 +258,10 @@ def train(
     hub_data = not Path(prompts).expanduser().exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", prompts) and not targets and not sources
     dataset = (PromptDataset.from_hub(prompts, split=split, resize=size) if hub_data else
                PromptDataset(_dataset_rows(prompts, targets, sources), resize=size))
-    for need, flag in (("targets", "--targets"), ("sources", "--sources")):
-        rows = [e.target if need == "targets" else e.sources for e in dataset.examples]
-        if getattr(reward_fn, f"needs_{need}", False) and not all(rows):
-            raise ValueError(f"train: --reward {reward} compares with {need[:-1]} images, but {sum(map(bool, rows))} of "
-                             f"{len(rows)} prompts have one; pass {flag} DIR (an image per prompt line: 0.png, 1.png, "
-                             f"...) or a .jsonl/.csv prompts file with a '{need[:-1]}' column.")
+    for need, n in dataset.unmet_needs(reward_fn).items():
+        raise ValueError(f"train: --reward {reward} compares with {need[:-1]} images, but {n} of {len(dataset)} prompts "
+                         f"have one; pass --{need} DIR (an image per prompt line: 0.png, 1.png, ...) or a .jsonl/.csv "
+                         f"prompts file with a '{need[:-1]}' column.")
     policy = GlmImagePolicy.from_pretrained(model, load_in_4bit=load_in_4bit,
                                             ar_lora=ar_lora if config.train_ar else None,
                                             dit_lora=dit_lora if config.train_dit else None,

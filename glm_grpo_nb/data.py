@@ -213,6 +213,12 @@ class PromptDataset:
         return {"prompt": e.prompt, "target": self._load(e.target) if e.target else None,
                 "sources": [self._load(s) for s in e.sources] if e.sources else None}
 
+    def unmet_needs(self, reward) -> dict[str, int]:
+        "{'targets' or 'sources': rows that have one} for each kind of image `reward` needs that not every row has."
+        have = {"targets": sum(e.target is not None for e in self.examples),
+                "sources": sum(bool(e.sources) for e in self.examples)}
+        return {k: n for k, n in have.items() if getattr(reward, f"needs_{k}", False) and n < len(self)}
+
     def fingerprint(self) -> str:
         "A short hash of the rows (prompts; image file names and sizes, or pixels) and the resize size: same data, same hash."
         if getattr(self, "_fingerprint", None) is None:

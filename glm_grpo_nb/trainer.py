@@ -205,12 +205,10 @@ class GRPOTrainer:
             raise ValueError("GRPOTrainer: every row of an i2i dataset needs source images.")
         for role, fn in (("reward_fn", self.reward_fn), ("ar_reward_fn", self.ar_reward_fn),
                          ("dit_reward_fn", self.dit_reward_fn)):
-            for need, has in (("targets", all(e.target is not None for e in data.examples)), ("sources", data.has_sources)):
-                if getattr(fn, f"needs_{need}", False) and not has:
-                    raise ValueError(f"GRPOTrainer: {role} {reward_name(fn)!r} needs {need[:-1]} images, but "
-                                     f"{'not every row' if need == 'targets' and data.has_targets else 'no row'} of the "
-                                     f"dataset has one; give every prompt a {need[:-1]} (a '{need[:-1]}' column) or use "
-                                     "a reward without them.")
+            for need, n in data.unmet_needs(fn).items():
+                raise ValueError(f"GRPOTrainer: {role} {reward_name(fn)!r} needs {need[:-1]} images, but "
+                                 f"{'not every row' if n else 'no row'} of the dataset has one; give every prompt a "
+                                 f"{need[:-1]} (a '{need[:-1]}' column) or use a reward without them.")
         if data.size is not None and data.has_targets and data.size != (c.width, c.height):
             raise ValueError(f"GRPOTrainer: the dataset resizes images to {data.size[0]}x{data.size[1]} but images are "
                              f"generated at {c.width}x{c.height}; build it with resize=({c.width}, {c.height}).")
