@@ -380,31 +380,35 @@ def _old_logprobs(self: GRPOTrainer, roll: TokenRollout) -> torch.Tensor:
     with torch.no_grad():
         return torch.cat([to_host(self.policy.token_logprobs(roll.select(rows))) for rows in self._micro_batches(roll.num_samples)])
 
+def _copy_state(st: dict) -> dict:
+    return {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
+
+@patch(as_prop=True)
+def _trained(self: GRPOTrainer) -> list[torch.nn.Parameter]:
+    "The parameters the optimiser updates."
+    return [p for g in self.optimizer.param_groups for p in g["params"]]
+
 @patch
 def _snapshot(self: GRPOTrainer):
     "Copies of what a step changes: the trained weights, the optimiser state, the counters and the history length."
-    params = [p for g in self.optimizer.param_groups for p in g["params"]]
-    state = [{k: v.clone() if torch.is_tensor(v) else v for k, v in self.optimizer.state[p].items()}
-             if p in self.optimizer.state else None for p in params]
-    return ([p.detach().clone() for p in params], state,
+    params, state = self._trained, self.optimizer.state
+    return ([p.detach().clone() for p in params], [_copy_state(state[p]) if p in state else None for p in params],
             (self.step_count, self.consecutive_skips, self.skipped_total, len(self.history)))
 
 @patch
 def _restore(self: GRPOTrainer, snap) -> None:
     "Put back what `_snapshot` copied (copies again, so a snapshot can be restored twice)."
     weights, state, (self.step_count, self.consecutive_skips, self.skipped_total, n_hist) = snap
-    params = [p for g in self.optimizer.param_groups for p in g["params"]]
     with torch.no_grad():
-        for p, w in zip(params, weights): p.copy_(w)
-    for p, st in zip(params, state):
-        if st is None: self.optimizer.state.pop(p, None)
-        else: self.optimizer.state[p] = {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
+        for p, w, st in zip(self._trained, weights, state):
+            p.copy_(w)
+            if st is None: self.optimizer.state.pop(p, None)
+            else: self.optimizer.state[p] = _copy_state(st)
     del self.history[n_hist:]
 
 @patch
 def _weights_finite(self: GRPOTrainer) -> bool:
-    params = [p for g in self.optimizer.param_groups for p in g["params"]]
-    return self._everywhere(bool(torch.stack([p.detach().isfinite().all() for p in params]).all().item()))
+    return self._everywhere(bool(torch.stack([p.detach().isfinite().all() for p in self._trained]).all().item()))
 
 @patch
 def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Tensor, torch.Tensor, dict]:
