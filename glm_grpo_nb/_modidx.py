@@ -86,6 +86,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'glm_grpo_nb.hub._DropNotice': ('hub.html#_dropnotice', 'glm_grpo_nb/hub.py'),
                                  'glm_grpo_nb.hub._DropNotice.__init__': ('hub.html#_dropnotice.__init__', 'glm_grpo_nb/hub.py'),
                                  'glm_grpo_nb.hub._DropNotice.filter': ('hub.html#_dropnotice.filter', 'glm_grpo_nb/hub.py'),
+                                 'glm_grpo_nb.hub._write_marker': ('hub.html#_write_marker', 'glm_grpo_nb/hub.py'),
                                  'glm_grpo_nb.hub.atomic_folder': ('hub.html#atomic_folder', 'glm_grpo_nb/hub.py'),
                                  'glm_grpo_nb.hub.check_digests': ('hub.html#check_digests', 'glm_grpo_nb/hub.py'),
                                  'glm_grpo_nb.hub.check_folder': ('hub.html#check_folder', 'glm_grpo_nb/hub.py'),

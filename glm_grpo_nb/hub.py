@@ -11,12 +11,12 @@ import hashlib
 import json
 import logging
 import os
-import socket
-import time
-import uuid
 import re
 import shutil
+import socket
 import tempfile
+import time
+import uuid
 from pathlib import Path
 
 # %% auto #0
@@ -129,13 +129,16 @@ def folder_info(path: str | Path) -> dict:
     except (OSError, ValueError): return {}
     return info if isinstance(info, dict) else {}
 
+def _write_marker(path: Path, kind: str, **info) -> None:
+    (path / MARKER).write_text(json.dumps({"kind": kind, **info}) + "\n")   # `info`: e.g. a model's natural size
+
 def folder_kind(path: str | Path) -> str | None:
     "What this toolkit wrote in `path` ('model', 'adapters', 'checkpoint', 'run'), or None."
     return folder_info(path).get("kind")
 
 def model_size(path_or_hub_id: str | Path) -> tuple[int, int] | None:
     "(width, height) a model folder written here was made for (the tiny model: 64x64), or None if it does not say."
-    size = folder_info(path_or_hub_id).get("size") if Path(str(path_or_hub_id)).expanduser().is_dir() else None
+    size = folder_info(Path(str(path_or_hub_id)).expanduser()).get("size")   # a hub id has no marker: None
     return (int(size[0]), int(size[1])) if isinstance(size, list) and len(size) == 2 else None
 
 def check_folder(path: str | Path, kind: str, where: str) -> None:
@@ -157,7 +160,7 @@ def mark_folder(path: str | Path, kind: str, where: str = "mark_folder") -> Path
     check_folder(path, kind, where)
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
-    if folder_kind(p) != kind: (p / MARKER).write_text(json.dumps({"kind": kind}) + "\n")
+    if folder_kind(p) != kind: _write_marker(p, kind)
     return p
 
 @contextlib.contextmanager
@@ -168,7 +171,7 @@ def atomic_folder(path: str | Path, kind: str, where: str = "write", **info):
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
-        (tmp / MARKER).write_text(json.dumps({"kind": kind, **info}) + "\n")   # `info`: e.g. a model's natural size
+        _write_marker(tmp, kind, **info)
         yield tmp
         old = None
         if path.exists():
