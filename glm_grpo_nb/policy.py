@@ -44,6 +44,10 @@ def _renamed_checkpointing():
         warnings.filterwarnings("ignore", r"`(is_)?gradient_checkpointing(_enable)?` is deprecated", FutureWarning)
         yield
 
+def _device(device) -> torch.device:
+    "The device asked for, or CUDA when there is one."
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
 def to_host(x: torch.Tensor | None) -> torch.Tensor | None:
     "A detached CPU tensor (or None): what stages return and keep (rollouts, trajectories, log-probs) lives on the CPU."
     return None if x is None else x.detach().cpu()
@@ -73,7 +77,7 @@ class GlmImagePolicy(torch.nn.Module):
     "GLM-Image's AR model and DiT decoder, with LoRA adapters, as a GRPO policy."
     def __init__(self, processor, tokenizer, text_encoder, vision_language_encoder, transformer, vae, scheduler,
                  ar_lora=None, dit_lora=None, gradient_checkpointing=True, load_in_4bit=False, lora_seed=0,
-                 sampling_copy=False):
+                 sampling_copy=None):   # None: on when the AR is on CUDA
         super().__init__()
         self.processor, self.tokenizer, self.scheduler = processor, tokenizer, scheduler
         self.processor.tokenizer.padding_side = "left"  # prompts of different lengths end where generation starts
@@ -84,7 +88,9 @@ class GlmImagePolicy(torch.nn.Module):
         self.codebook_size = cfg.vq_config.num_embeddings
         self.image_start_id, self.image_end_id, self.image_token_id = cfg.image_start_token_id, cfg.image_end_token_id, cfg.image_token_id
         self.ar_peft, self.source, self.load_in_4bit = None, None, load_in_4bit
-        self.sampling_copy, self._sampler = bool(sampling_copy), None   # see `sampling_model`
+        dev = next(vision_language_encoder.parameters()).device
+        self.sampling_copy = dev.type == "cuda" if sampling_copy is None else bool(sampling_copy)
+        self._sampler = None   # see `sampling_model`
         ar_cfg = _lora_config(ar_lora, AR_LORA_TARGETS, "ar_lora")
         with _renamed_checkpointing():
             if load_in_4bit:
@@ -95,7 +101,6 @@ class GlmImagePolicy(torch.nn.Module):
                 vision_language_encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         dit_cfg = _lora_config(dit_lora, DIT_LORA_TARGETS, "dit_lora")
         self.has_dit_lora = dit_cfg is not None
-        dev = next(vision_language_encoder.parameters()).device
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(lora_seed)  # LoRA A matrices start random: seed them so runs are reproducible
             if ar_cfg is not None:
@@ -145,7 +150,7 @@ def from_pretrained(
 ) -> GlmImagePolicy:
     "Load every component of GLM-Image and attach the requested adapters."
     src = resolve_model(path_or_hub_id, "GlmImagePolicy.from_pretrained")
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(device)
     dtype = torch_dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     ar_kw = dict(dtype=dtype)
     if load_in_4bit:
@@ -167,7 +172,7 @@ def from_pretrained(
             scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(src, subfolder="scheduler"))
     policy = cls(**parts, ar_lora=ar_lora, dit_lora=dit_lora, gradient_checkpointing=gradient_checkpointing,
                  load_in_4bit=load_in_4bit, lora_seed=lora_seed,
-                 sampling_copy=device.type == "cuda" if sampling_copy is None else sampling_copy)
+                 sampling_copy=sampling_copy)
     policy.source = src
     if verbose:
         n, total = policy.num_trainable_parameters(), sum(p.numel() for p in policy.parameters())
@@ -190,7 +195,7 @@ def from_components(
     missing = [k for k in ("processor", "tokenizer", "text_encoder", "vision_language_encoder", "transformer", "vae",
                            "scheduler") if k not in components]
     if missing: raise ValueError(f"from_components: missing {', '.join(missing)}.")
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(device)
     parts = dict(components)
     for k in ("text_encoder", "vision_language_encoder", "transformer", "vae"): parts[k] = parts[k].to(device)
     if load_in_4bit:
@@ -199,7 +204,7 @@ def from_components(
         quantize_dit_4bit(parts["transformer"], dtype, device)
     return cls(**parts, ar_lora=ar_lora, dit_lora=dit_lora, gradient_checkpointing=gradient_checkpointing,
                load_in_4bit=load_in_4bit, lora_seed=lora_seed,
-               sampling_copy=device.type == "cuda" if sampling_copy is None else sampling_copy)
+               sampling_copy=sampling_copy)
 
 # %% ../nbs/02_policy.ipynb #6a4bd74e
 @patch
