@@ -4,7 +4,8 @@ NF4 base weights + rank-16 LoRA on both halves, the sampling copy, 1024x1024, 10
 guidance 1.5, micro-batches of 1: two steps with G=4 x 2 prompts, two with G=8 x 2 prompts, and one image-to-image
 step with a 1024x1024 source. Prints one JSON object: per step the seconds of each phase, ms per sampled token,
 the peak allocated / reserved memory of each phase next to `memory.plan`'s prediction, and the ratio statistics of
-the first inner epoch (AR and DiT) with the sampler-vs-trainer gap.
+the first inner epoch (AR and DiT) with the sampler-vs-trainer gap, and how many graphs dynamo compiled
+(the first step of each run includes compiling the decode step).
 Run from the repository root on a machine with CUDA: python -m bench.gpu_step [--quick]"""
 import contextlib
 import json
@@ -93,4 +94,7 @@ if __name__ == "__main__":
     source = Path(tempfile.mkdtemp()) / "source.png"
     Image.linear_gradient("L").convert("RGB").resize((size, size)).save(source)
     report["runs"].append(run(policy, 4, 1, 1, sources=[str(source)], size=size))
+    from torch._dynamo.utils import counters
+    report["dynamo"] = {"unique_graphs": counters["stats"]["unique_graphs"],
+                        "graph_breaks": sum(counters["graph_break"].values())}   # the compiled decode step
     print(json.dumps(report, indent=1))

@@ -158,6 +158,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                           'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy.GlmImagePolicy.save_adapters': ( 'policy.html#glmimagepolicy.save_adapters',
                                                                                          'glm_grpo_nb/policy.py'),
+                                    'glm_grpo_nb.policy._decode_step_inputs': ('policy.html#_decode_step_inputs', 'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy._device': ('policy.html#_device', 'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy._lora_config': ('policy.html#_lora_config', 'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy._lora_summary': ('policy.html#_lora_summary', 'glm_grpo_nb/policy.py'),

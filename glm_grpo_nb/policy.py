@@ -10,6 +10,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import types
 import warnings
 from pathlib import Path
 
@@ -91,13 +92,13 @@ class GlmImagePolicy(torch.nn.Module):
         dev = next(vision_language_encoder.parameters()).device
         self.sampling_copy = dev.type == "cuda" if sampling_copy is None else bool(sampling_copy)
         self._sampler = None   # see `sampling_model`
+        self.sampling_compile = None   # a transformers.CompileConfig for the copy's decode step; None: transformers' default
         ar_cfg = _lora_config(ar_lora, AR_LORA_TARGETS, "ar_lora")
         with _renamed_checkpointing():
-            if load_in_4bit:
-                prepare_model_for_kbit_training(vision_language_encoder, use_gradient_checkpointing=gradient_checkpointing,
-                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+            if load_in_4bit:   # non-quantised parameters to float32; peft would only checkpoint a transformers-loaded model
+                prepare_model_for_kbit_training(vision_language_encoder, use_gradient_checkpointing=False)
                 vision_language_encoder.requires_grad_(False)
-            elif gradient_checkpointing:
+            if gradient_checkpointing:
                 vision_language_encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         dit_cfg = _lora_config(dit_lora, DIT_LORA_TARGETS, "dit_lora")
         self.has_dit_lora = dit_cfg is not None
@@ -294,7 +295,18 @@ def _write_sampling_lm(self: GlmImagePolicy, lm: torch.nn.Module) -> None:
             else:
                 for k, p in mod.named_parameters(recurse=False): p.copy_(src.get_submodule(name).get_parameter(k))
                 for k, b in mod.named_buffers(recurse=False):
-                    mod.register_buffer(k, src.get_submodule(name).get_buffer(k).clone(), persistent=k not in mod._non_persistent_buffers_set)
+                    theirs = src.get_submodule(name).get_buffer(k)
+                    if b.shape == theirs.shape and b.dtype == theirs.dtype: b.copy_(theirs)   # keeps its address
+                    else: mod.register_buffer(k, theirs.clone(), persistent=k not in mod._non_persistent_buffers_set)
+
+def _decode_step_inputs(model, input_ids, **kwargs):
+    "The copy's `prepare_inputs_for_generation`: decode steps get their M-RoPE positions here, outside the compiled forward."
+    inputs = type(model).prepare_inputs_for_generation(model, input_ids, **kwargs)
+    inner, new = model.model, inputs.get("input_ids")
+    if new is not None and new.shape[1] == 1 and inner._cached_decode_position_ids is not None:   # prompts are longer
+        step = input_ids.shape[1] - 1 - inner._prefill_len   # tokens decoded before this one; a Python int, no sync
+        inputs["position_ids"] = inner._cached_decode_position_ids[:, :, step:step + 1].permute(1, 0, 2).contiguous()
+    return inputs
 
 @patch
 def sampling_model(self: GlmImagePolicy) -> GlmImageForConditionalGeneration:
@@ -303,11 +315,12 @@ def sampling_model(self: GlmImagePolicy) -> GlmImageForConditionalGeneration:
     lm = self.ar.model.language_model
     if self._sampler is None:
         dtype = self.ar.get_input_embeddings().weight.dtype
-        with torch.device("meta"): plain = type(lm)._from_config(lm.config, torch_dtype=dtype)
+        with torch.device("meta"): plain = type(lm)._from_config(lm.config, dtype=dtype)
         plain = plain.to_empty(device=self.device).eval().requires_grad_(False)
         outer, inner = copy.copy(self.ar), copy.copy(self.ar.model)   # share every other submodule
         inner._modules = {**self.ar.model._modules, "language_model": plain}
         outer._modules = {**self.ar._modules, "model": inner}
+        outer.prepare_inputs_for_generation = types.MethodType(_decode_step_inputs, outer)
         object.__setattr__(self, "_sampler", outer)   # not a registered submodule: not in parameters() or state_dict()
     self._write_sampling_lm(self._sampler.model.language_model)
     return self._sampler

@@ -280,7 +280,8 @@ def sample_tokens(
     gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=n_sampled,   # the sampler draws; generate takes its pick
                                pad_token_id=self.processor.tokenizer.pad_token_id, eos_token_id=self.image_end_id,
                                bos_token_id=self.image_start_id)
-    if self.sampling_copy: gen_cfg.cache_implementation = "static"   # compiled by transformers on CUDA
+    if self.sampling_copy:   # a static cache: transformers compiles the decode step on CUDA
+        gen_cfg.cache_implementation, gen_cfg.compile_config = "static", self.sampling_compile
     was_training = self.ar.training
     self.ar.eval()
     try:

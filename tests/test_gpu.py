@@ -28,10 +28,14 @@ def test_step_on_cuda_is_on_policy(tiny_path, tmp_path):
 
 
 def test_sampling_copy_on_cuda_matches_in_float32(tiny_path):
+    from torch._dynamo.utils import counters
     from glm_grpo_nb.policy import GlmImagePolicy
+    torch._dynamo.reset(); counters.clear()
     kw = dict(ar_lora=8, torch_dtype=torch.float32, device="cuda", verbose=False)
     slow, fast = (GlmImagePolicy.from_pretrained(tiny_path, sampling_copy=s, **kw) for s in (False, True))
     a = slow.sample_tokens(["a red square", "a blue circle"], 3, 64, 64, seed=0)
     b = fast.sample_tokens(["a red square", "a blue circle"], 3, 64, 64, seed=0)
     assert torch.equal(a.completion, b.completion)   # the copy left-pads prompts to a multiple of 64 tokens
     assert (a.logprobs - b.logprobs).abs().max() < 1e-3
+    assert counters["stats"]["unique_graphs"] >= 1                     # the decode step was compiled ...
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])   # ... as one graph
