@@ -53,11 +53,12 @@ def run(policy, group_size, prompts_per_step, steps, sources=None, size=1024):
     t = GRPOTrainer(policy, RednessReward(), data, group_size=group_size, prompts_per_step=prompts_per_step,
                     height=size, width=size, num_steps=10, sde_window=[0, 1], guidance_scale=1.5, micro_batch_size=1,
                     lr=1e-5, max_consecutive_skips=100)
+    gh, gw = token_grid(size, size)
     pl = plan(height=size, width=size, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=True,
               lora_rank=16, num_steps=10, sde_window=[0, 1], guidance_scale=1.5, micro_batch_size=1,
-              decode_batch=t.config.decode_batch, sampling_copy=policy.sampling_copy)
+              decode_batch=t.config.decode_batch, sampling_copy=policy.sampling_copy,
+              prompt_len=128 + (gh * gw if sources else 0))   # i2i: the source's codes are part of the prompt
     resident = sum(pl.resident.values()) / GB
-    gh, gw = token_grid(size, size)
     out = []
     for _ in range(steps):
         PEAKS.clear()

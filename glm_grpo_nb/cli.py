@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import os
 import re
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from .config import GRPOConfig
 from .hub import check_folder, check_hub_model, check_image_size, mark_folder, model_size, resolve_model
 
 # %% auto #0
-__all__ = ['DEMO_PROMPTS', 'REWARD_NAMES', 'TRAIN_DEFAULTS', 'COMMANDS', 'tiny', 'generate', 'demo', 'parse_rewards',
+__all__ = ['DEMO_PROMPTS', 'REWARD_NAMES', 'TRAIN_DEFAULTS', 'ALLOCATOR', 'COMMANDS', 'tiny', 'generate', 'demo', 'parse_rewards',
            'config_options', 'train', 'plan', 'command_parser', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
@@ -325,6 +326,7 @@ def plan(
     return 0 if p.fits else 1
 
 # %% ../nbs/08_cli.ipynb #6970f665
+ALLOCATOR = "expandable_segments:True"   # CUDA memory reserved stays close to what is allocated (see `memory`)
 COMMANDS = {"demo": demo, "train": train, "plan": plan, "tiny": tiny, "generate": generate}
 
 def _usage():
@@ -365,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "--version":
         print(__version__); return 0
     name, rest = argv[0], argv[1:]
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOCATOR)   # read when CUDA starts, which is after this
     if name not in COMMANDS:
         print(f"glm-grpo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr); return 2
     func = COMMANDS[name]
