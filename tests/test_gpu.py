@@ -39,3 +39,28 @@ def test_sampling_copy_on_cuda_matches_in_float32(tiny_path):
     assert (a.logprobs - b.logprobs).abs().max() < 1e-3
     assert counters["stats"]["unique_graphs"] >= 1                     # the decode step was compiled ...
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])   # ... as one graph
+
+
+def test_model_rewards_on_cuda_match_cpu(tmp_path):
+    "Reward models placed on the GPU: inputs go to their device, scores come back as CPU float tensors, as on the CPU."
+    from PIL import Image
+    from glm_grpo_nb.rewards import (AestheticReward, CLIPScoreReward, OCRReward, PerceptualReward, PickScoreReward,
+                                      evaluate_reward)
+    from glm_grpo_nb.tiny import make_tiny_clip, make_tiny_ocr
+    from safetensors.torch import save_file
+    clip, ocr = str(make_tiny_clip(tmp_path / "clip")), str(make_tiny_ocr(tmp_path / "ocr"))
+    dim = CLIPScoreReward(clip).image_embeds([Image.new("RGB", (32, 32))]).shape[-1]
+    save_file({"0.weight": torch.randn(4, dim), "0.bias": torch.randn(4), "1.weight": torch.randn(1, 4)}, tmp_path / "head.safetensors")
+    images = [Image.new("RGB", (64, 64), c) for c in ("red", "green", "navy")]
+    prompts, targets = ["a red square", "a 'HI' sign", "navy"], [Image.new("RGB", (64, 64), "red")] * 3
+    makers = [lambda d: CLIPScoreReward(clip, device=d), lambda d: PickScoreReward(clip, processor=None, device=d),
+              lambda d: AestheticReward(tmp_path / "head.safetensors", model=clip, device=d),
+              lambda d: PerceptualReward(clip, device=d), lambda d: OCRReward(model=ocr, device=d, max_new_tokens=6)]
+    for make in makers:
+        on_cpu, on_gpu = make("cpu"), make("cuda")
+        a = evaluate_reward(on_cpu, images, prompts, targets=targets).total
+        b = evaluate_reward(on_gpu, images, prompts, targets=targets).total
+        model = on_gpu.model if hasattr(on_gpu, "model") else on_gpu.ocr.model   # OCRReward holds a TransformersOCR
+        assert next(model.parameters()).device.type == "cuda", type(on_gpu).__name__
+        assert b.device.type == "cpu" and b.dtype == torch.float32 and b.shape == (3,), type(on_gpu).__name__
+        assert torch.allclose(a, b, atol=1e-3), (type(on_gpu).__name__, a, b)
