@@ -6,7 +6,9 @@ step with a 1024x1024 source. Prints one JSON object: per step the seconds of ea
 the peak allocated / reserved memory of each phase next to `memory.plan`'s prediction, and the ratio statistics of
 the first inner epoch (AR and DiT) with the sampler-vs-trainer gap, and how many graphs dynamo compiled
 (the first step of each run includes compiling the decode step).
-Run from the repository root on a machine with CUDA: python -m bench.gpu_step [--quick]"""
+Run from the repository root on a machine with CUDA: python -m bench.gpu_step [--quick] [--model FOLDER_OR_HUB_ID]
+(--model: load with `GlmImagePolicy.from_pretrained`, e.g. zai-org/GLM-Image or a folder written by
+`make_random_glm_image(path=...)`; without it the random model is built in memory)."""
 import contextlib
 import json
 import os
@@ -84,10 +86,14 @@ if __name__ == "__main__":
     size = 512 if quick else 1024
     trainer_module._timed = timed_with_memory
     t0 = time.perf_counter()
-    parts = make_random_glm_image("cuda", torch.bfloat16)
-    policy = GlmImagePolicy.from_components(parts, load_in_4bit=True, ar_lora=16, dit_lora=16, device="cuda")
+    model = sys.argv[sys.argv.index("--model") + 1] if "--model" in sys.argv else None   # a folder or hub id
+    if model is None:   # the released architecture with random weights, built on the GPU (no disk)
+        parts = make_random_glm_image("cuda", torch.bfloat16)
+        policy = GlmImagePolicy.from_components(parts, load_in_4bit=True, ar_lora=16, dit_lora=16, device="cuda")
+    else:               # what users load: transformers' own NF4 loader for the AR
+        policy = GlmImagePolicy.from_pretrained(model, load_in_4bit=True, ar_lora=16, dit_lora=16, device="cuda")
     torch.cuda.synchronize()
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "build_seconds": round(time.perf_counter() - t0, 1),
+    report = {"device": torch.cuda.get_device_name(), "model": model or "random, in memory", "torch": torch.__version__, "build_seconds": round(time.perf_counter() - t0, 1),
               "resident_gb": round(torch.cuda.memory_allocated() / GB, 2), "sampling_copy": policy.sampling_copy, "runs": []}
     steps = 1 if quick else 2
     report["runs"].append(run(policy, 4, 2, steps, size=size))

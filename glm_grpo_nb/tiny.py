@@ -21,8 +21,8 @@ from .hub import MODEL_INDEX, atomic_folder, check_folder, quiet_io
 
 # %% auto #0
 __all__ = ['RELEASE_IDS', 'TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'make_random_glm_image',
-           'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'color_rgb', 'palette_codes', 'codes_image',
-           'synthetic_scene']
+           'write_model', 'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'color_rgb', 'palette_codes',
+           'codes_image', 'synthetic_scene']
 
 # %% ../nbs/01_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -97,9 +97,13 @@ def make_random_glm_image(
     device: str | torch.device = "cpu",  # where to build it (a GPU: seconds; "meta": no memory, for counting)
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
-) -> dict:                       # the components, for `GlmImagePolicy.from_components`
-    "GLM-Image at its released architecture and token ids, with random weights, in memory: memory and speed checks."
+    path: str | Path | None = None,  # write the hub layout here (about 34 GB in bf16) instead of returning the parts
+) -> dict | Path:                # the components, for `GlmImagePolicy.from_components`; or the folder written
+    "GLM-Image at its released architecture and token ids, with random weights: memory and speed checks."
     from glm_grpo_nb.memory import real_modules
+    if path is not None:
+        path = Path(path).expanduser()
+        check_folder(path, "model", "make_random_glm_image")   # before building 17B parameters
     tok, template, vocab = _release_tokenizer()
     processor = GlmImageProcessor(
         image_processor=GlmImageImageProcessorPil(patch_size=16, temporal_patch_size=1, merge_size=1),
@@ -112,8 +116,17 @@ def make_random_glm_image(
     gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = RELEASE_IDS["image_start"], RELEASE_IDS["image_end"], RELEASE_IDS["pad"]
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, use_dynamic_shifting=True, base_shift=0.25,
                                                 max_shift=0.75, base_image_seq_len=256, time_shift_type="linear")
-    return dict(processor=processor, tokenizer=ByT5Tokenizer(), text_encoder=mods["text_encoder"],
-                vision_language_encoder=ar, transformer=mods["dit"], vae=mods["vae"], scheduler=scheduler)
+    parts = dict(processor=processor, tokenizer=ByT5Tokenizer(), text_encoder=mods["text_encoder"],
+                 vision_language_encoder=ar, transformer=mods["dit"], vae=mods["vae"], scheduler=scheduler)
+    return parts if path is None else write_model(path, parts, "make_random_glm_image", size=(1024, 1024))
+
+# %% ../nbs/01_tiny.ipynb #1b2c3d4e
+def write_model(path: Path, parts: dict, where: str, size: tuple[int, int]) -> Path:
+    "Save components in the hub layout to `path`, atomically, marked as a model made for `size` (width, height)."
+    with atomic_folder(path, "model", where, size=list(size)) as tmp, quiet_io():
+        for name, part in parts.items(): part.save_pretrained(tmp / name)
+        (tmp / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=2) + "\n")
+    return path
 
 # %% ../nbs/01_tiny.ipynb #59fc07d1
 TINY_WEIGHTS_SHA256 = "c91696e49797cb02727478c125598a96448b4ee0a1b0d2e0392b5cf35a16fcb2"
@@ -170,10 +183,7 @@ def make_tiny_glm_image(
         torch.manual_seed(seed)
         parts = _tiny_components(codebook_size, full_head)
     if pretrained: _load_pretrained(parts, codebook_size, full_head)
-    with atomic_folder(path, "model", "make_tiny_glm_image", size=[64, 64]) as tmp, quiet_io():
-        for name, part in parts.items(): part.save_pretrained(tmp / name)
-        (tmp / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=2) + "\n")
-    return path
+    return write_model(path, parts, "make_tiny_glm_image", size=(64, 64))
 
 # %% ../nbs/01_tiny.ipynb #c421f905
 def _char_tokenizer(max_length=64):
