@@ -21,8 +21,8 @@ from .hub import MODEL_INDEX, atomic_folder, check_folder, quiet_io
 
 # %% auto #0
 __all__ = ['RELEASE_IDS', 'TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'make_random_glm_image',
-           'write_model', 'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'color_rgb', 'palette_codes',
-           'codes_image', 'synthetic_scene']
+           'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'color_rgb', 'palette_codes', 'codes_image',
+           'synthetic_scene']
 
 # %% ../nbs/01_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -118,10 +118,10 @@ def make_random_glm_image(
                                                 max_shift=0.75, base_image_seq_len=256, time_shift_type="linear")
     parts = dict(processor=processor, tokenizer=ByT5Tokenizer(), text_encoder=mods["text_encoder"],
                  vision_language_encoder=ar, transformer=mods["dit"], vae=mods["vae"], scheduler=scheduler)
-    return parts if path is None else write_model(path, parts, "make_random_glm_image", size=(1024, 1024))
+    return parts if path is None else _write_model(path, parts, "make_random_glm_image", size=(1024, 1024))
 
 # %% ../nbs/01_tiny.ipynb #1b2c3d4e
-def write_model(path: Path, parts: dict, where: str, size: tuple[int, int]) -> Path:
+def _write_model(path: Path, parts: dict, where: str, size: tuple[int, int]) -> Path:
     "Save components in the hub layout to `path`, atomically, marked as a model made for `size` (width, height)."
     with atomic_folder(path, "model", where, size=list(size)) as tmp, quiet_io():
         for name, part in parts.items(): part.save_pretrained(tmp / name)
@@ -183,7 +183,7 @@ def make_tiny_glm_image(
         torch.manual_seed(seed)
         parts = _tiny_components(codebook_size, full_head)
     if pretrained: _load_pretrained(parts, codebook_size, full_head)
-    return write_model(path, parts, "make_tiny_glm_image", size=(64, 64))
+    return _write_model(path, parts, "make_tiny_glm_image", size=(64, 64))
 
 # %% ../nbs/01_tiny.ipynb #c421f905
 def _char_tokenizer(max_length=64):
