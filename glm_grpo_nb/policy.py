@@ -302,10 +302,11 @@ def _write_sampling_lm(self: GlmImagePolicy, lm: torch.nn.Module) -> None:
 def _decode_step_inputs(model, input_ids, **kwargs):
     "The copy's `prepare_inputs_for_generation`: decode steps get their M-RoPE positions here, outside the compiled forward."
     inputs = type(model).prepare_inputs_for_generation(model, input_ids, **kwargs)
-    inner, new = model.model, inputs.get("input_ids")
-    if new is not None and new.shape[1] == 1 and inner._cached_decode_position_ids is not None:   # prompts are longer
-        step = input_ids.shape[1] - 1 - inner._prefill_len   # tokens decoded before this one; a Python int, no sync
-        inputs["position_ids"] = inner._cached_decode_position_ids[:, :, step:step + 1].permute(1, 0, 2).contiguous()
+    new = inputs.get("input_ids")
+    table = getattr(model.model, "_cached_decode_position_ids", None)   # [n, 3, decode length], set by the prefill
+    if new is not None and new.shape[1] == 1 and table is not None:      # a decode step (prompts are longer)
+        step = input_ids.shape[1] - 1 - model.model._prefill_len         # tokens decoded before this one: an int, no sync
+        inputs["position_ids"] = table[:, :, step:step + 1].permute(1, 0, 2).contiguous()
     return inputs
 
 @patch
