@@ -127,6 +127,9 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
     cfg = 2 if guidance_scale > 1 else 1
     phases = {"sample tokens": {"KV cache": 2 * L * kv * hd * S * N * dtype_bytes,
                                 "logits + sampling (fp32)": N * tc.vision_vocab_size * 4 * 4}}
+    if sampling_copy:   # rewritten layer by layer before sampling: one float32 weight, plus its LoRA delta
+        largest = max(m.weight.numel() for m in ar.model.language_model.modules() if isinstance(m, torch.nn.Linear))
+        phases["refresh sampling copy"] = {"largest layer in float32 (+ its LoRA delta)": (2 if train in ("ar", "both") else 1) * 4 * largest}
     if train in ("ar", "both"):
         per_layer = mb * S * (6 * hidden + 3 * inter) * dtype_bytes          # one layer's activations (attn + gated MLP)
         saved = mb * S * hidden * dtype_bytes * L if gradient_checkpointing else per_layer * L

@@ -275,10 +275,10 @@ def merged_weight(layer: torch.nn.Module) -> torch.Tensor:
     base = layer.get_base_layer() if isinstance(layer, LoraLayer) else layer
     w = base.weight
     dense = (bnb.functional.dequantize_4bit(w.data, w.quant_state) if isinstance(base, bnb.nn.Linear4bit) else w.detach())
-    dense = dense.float()
+    dense = dense.to(torch.float32, copy=True)   # a copy even when already float32: the deltas are added in place
     if isinstance(layer, LoraLayer) and not layer.disable_adapters:
         for name in layer.active_adapters:
-            if name in layer.lora_A: dense = dense + layer.get_delta_weight(name).float()
+            if name in layer.lora_A: dense += layer.get_delta_weight(name).float()
     return dense
 
 @patch
