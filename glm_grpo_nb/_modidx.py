@@ -154,6 +154,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy.GlmImagePolicy.reference': ( 'policy.html#glmimagepolicy.reference',
                                                                                      'glm_grpo_nb/policy.py'),
+                                    'glm_grpo_nb.policy.GlmImagePolicy.sampling_cache': ( 'policy.html#glmimagepolicy.sampling_cache',
+                                                                                          'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy.GlmImagePolicy.sampling_model': ( 'policy.html#glmimagepolicy.sampling_model',
                                                                                           'glm_grpo_nb/policy.py'),
                                     'glm_grpo_nb.policy.GlmImagePolicy.save_adapters': ( 'policy.html#glmimagepolicy.save_adapters',

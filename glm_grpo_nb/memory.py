@@ -91,12 +91,12 @@ class MemoryPlan:
     def fits(self) -> bool: return self.peak <= self.budget
 
     def __repr__(self):
-        lines = [f"{'component':<34}{'GB':>8}"]
-        lines += [f"{k:<34}{v / GB:>8.2f}" for k, v in self.resident.items()]
+        lines = [f"{'component':<48}{'GB':>8}"]
+        lines += [f"{k:<48}{v / GB:>8.2f}" for k, v in self.resident.items()]
         for ph, parts in self.phases.items():
             lines.append(f"phase {ph} (peak {'*' if ph == self.peak_phase else ' '})")
-            lines += [f"  {k:<32}{v / GB:>8.2f}" for k, v in parts.items()]
-        lines.append(f"{'peak':<34}{self.peak / GB:>8.2f}  of {self.budget / GB:.0f} GB: {'fits' if self.fits else 'does NOT fit'}")
+            lines += [f"  {k:<46}{v / GB:>8.2f}" for k, v in parts.items()]
+        lines.append(f"{'peak':<48}{self.peak / GB:>8.2f}  of {self.budget / GB:.0f} GB: {'fits' if self.fits else 'does NOT fit'}")
         lines += [f"  try: {s}" for s in self.suggestions]
         return "\n".join(lines)
 
@@ -117,15 +117,18 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
               + (lora_params(dit, DIT_LORA_TARGETS, lora_rank) if train in ("dit", "both") else 0))
     resident["LoRA + grads + AdamW states (fp32)"] = n_lora * 16
     resident["step snapshot: LoRA + AdamW states"] = n_lora * 12   # what a failed step is restored from
-    if sampling_copy: resident["sampling copy (AR language model)"] = module_weight_bytes(ar.model.language_model, dtype_bytes)
-    resident["reward models"] = reward_model_params * dtype_bytes
     tc = ar.config.text_config
     L, hidden, inter, kv, hd = tc.num_hidden_layers, tc.hidden_size, tc.intermediate_size, tc.num_key_value_heads, tc.hidden_size // tc.num_attention_heads
     gh, gw = token_grid(height, width, "plan")
     T = gh * gw + 256 + 1
     S = prompt_len + T
+    kv_cache = 2 * L * kv * hd * S * N * dtype_bytes
+    if sampling_copy:   # the copy keeps its static KV cache between calls (see `policy.sampling_cache`)
+        resident["sampling copy (AR language model)"] = module_weight_bytes(ar.model.language_model, dtype_bytes)
+        resident["sampling copy's KV cache"] = kv_cache
+    resident["reward models"] = reward_model_params * dtype_bytes
     cfg = 2 if guidance_scale > 1 else 1
-    phases = {"sample tokens": {"KV cache": 2 * L * kv * hd * S * N * dtype_bytes,
+    phases = {"sample tokens": {**({} if sampling_copy else {"KV cache": kv_cache}),
                                 "logits + sampling (fp32)": N * tc.vision_vocab_size * 4 * 4}}
     if sampling_copy:   # rewritten layer by layer before sampling: one float32 weight, plus its LoRA delta
         largest = max(m.weight.numel() for m in ar.model.language_model.modules() if isinstance(m, torch.nn.Linear))

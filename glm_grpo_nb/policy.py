@@ -24,7 +24,7 @@ from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GlmImageForConditionalGeneration, GlmImageProcessor,
-                          T5EncoderModel)
+                          StaticCache, T5EncoderModel)
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel
 
 # %% auto #0
@@ -91,7 +91,7 @@ class GlmImagePolicy(torch.nn.Module):
         self.ar_peft, self.source, self.load_in_4bit = None, None, load_in_4bit
         dev = next(vision_language_encoder.parameters()).device
         self.sampling_copy = dev.type == "cuda" if sampling_copy is None else bool(sampling_copy)
-        self._sampler = None   # see `sampling_model`
+        self._sampler, self._kv, self._kv_key = None, None, None   # see `sampling_model` and `sampling_cache`
         self.sampling_compile = None   # a transformers.CompileConfig for the copy's decode step; None: transformers' default
         ar_cfg = _lora_config(ar_lora, AR_LORA_TARGETS, "ar_lora")
         with _renamed_checkpointing():
@@ -308,6 +308,19 @@ def _decode_step_inputs(model, input_ids, **kwargs):
         step = input_ids.shape[1] - 1 - model.model._prefill_len         # tokens decoded before this one: an int, no sync
         inputs["position_ids"] = table[:, :, step:step + 1].permute(1, 0, 2).contiguous()
     return inputs
+
+@patch
+def sampling_cache(self: GlmImagePolicy, batch_size: int, length: int) -> StaticCache:
+    "The sampling copy's KV cache for `batch_size` sequences of up to `length` tokens: the last one, reset, if it fits."
+    # one cache at a time: a longer one serves shorter sequences too, so lengths only grow while the batch size stays
+    key = (batch_size, self.device)
+    if self._kv is not None and self._kv_key[0] == key and self._kv_key[1] >= length:
+        self._kv.reset()   # zeroed in place: same tensors
+        return self._kv
+    self._kv = None        # the old cache's memory is free before the new one is allocated
+    config = self.ar.config.get_text_config(decoder=True)
+    self._kv, self._kv_key = StaticCache(config=config, max_cache_len=length), (key, length)
+    return self._kv
 
 @patch
 def sampling_model(self: GlmImagePolicy) -> GlmImageForConditionalGeneration:
