@@ -202,7 +202,7 @@ def sample_latents(
     if cps_logprob not in ("density", "squared") or (cps_logprob == "squared" and sde_type != "cps"):
         raise ValueError(f"sample_latents: cps_logprob must be 'density', or 'squared' with sde_type='cps'; got "
                          f"{cps_logprob!r} with sde_type={sde_type!r}.")
-    pipe, dev, N = self.pipeline, self.device, rollout.num_samples
+    pipe, N = self.pipeline, rollout.num_samples
     H, W = rollout.height, rollout.width
     p, vsf = self.transformer.config.patch_size, pipe.vae_scale_factor
     want = (H // vsf // p) * (W // vsf // p)
@@ -219,7 +219,7 @@ def sample_latents(
             raise ValueError(f"sample_latents: initial_noise has shape {tuple(initial_noise.shape)}, expected {shape}.")
         x = self.on_device(initial_noise.float())
     else:
-        x = randn_rows(gens, shape[1:], dev)
+        x = self.on_device(randn_rows(gens, shape[1:]))
     cfg = guidance_scale > 1
     with torch.no_grad():
         G = rollout.group_size
@@ -238,7 +238,7 @@ def sample_latents(
             if i in window:
                 mean, tau = sde_step(x, v, s, s_next, noise_level, sde_type, sigmas[1].item())
                 if tau > 0:
-                    noise = randn_rows(gens, shape[1:], dev)
+                    noise = self.on_device(randn_rows(gens, shape[1:]))
                     x = mean + tau * noise
                     logprobs[:, i] = to_host(step_logprob(x, mean, tau, cps_logprob))
                     stds[i] = tau

@@ -253,9 +253,9 @@ def generators(seeds: list[int], device="cpu") -> list[torch.Generator]:
     "One torch.Generator per seed on `device`."
     return [torch.Generator(device).manual_seed(s) for s in seeds]
 
-def randn_rows(gens: list[torch.Generator], shape, device=None) -> torch.Tensor:
-    "[len(gens), *shape] float32 standard normal noise, row i from generator i (drawn where the generators live)."
-    return torch.stack([torch.randn(shape, generator=g, dtype=torch.float32, device=g.device) for g in gens]).to(device)
+def randn_rows(gens: list[torch.Generator], shape) -> torch.Tensor:
+    "[len(gens), *shape] float32 standard normal noise, row i from generator i, where the generators live."
+    return torch.stack([torch.randn(shape, generator=g, dtype=torch.float32, device=g.device) for g in gens])
 
 # %% ../nbs/02_policy.ipynb #823d7c60
 @patch
