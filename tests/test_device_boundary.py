@@ -1,0 +1,50 @@
+"""Every tensor crosses between host and GPU through `policy.on_device` / `to_host`: checked on the CPU with
+`device_boundary.DeviceBoundary`, which labels both sides and fails where they would meet on a GPU."""
+import pytest
+import torch
+from PIL import Image
+
+from device_boundary import DeviceBoundary, DeviceMix
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_path):
+    from glm_grpo_nb.policy import GlmImagePolicy
+    return GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=4, dit_lora=4, sampling_copy=True,
+                                          verbose=False)
+
+
+def test_the_check_finds_a_mix_and_allows_what_cuda_allows(policy):
+    import glm_grpo_nb.policy as policy_module
+    with DeviceBoundary(policy):
+        logp = policy.on_device(torch.randn(4, 10)).log_softmax(-1)
+        index = policy_module.to_host(torch.zeros(4, 1, dtype=torch.long))
+        with pytest.raises(DeviceMix, match="gather"):
+            logp.gather(-1, index)                    # the first GPU step's crash: a CUDA gather with a CPU index
+        with pytest.raises(DeviceMix):
+            policy.ar.lm_head(policy_module.to_host(torch.randn(3, policy.ar.lm_head.in_features)))   # host input
+        logp[index[:, 0]]                             # indexing with host indices: CUDA accepts it
+        logp.copy_(policy_module.to_host(logp))       # copies cross devices by design
+        logp * policy_module.to_host(torch.tensor(2.0))   # a 0-d host tensor is a scalar to CUDA
+    assert policy.on_device(torch.ones(2)) is not None   # the policy is itself again after the block
+
+
+def test_a_training_run_keeps_to_the_boundary(policy, tmp_path):
+    from glm_grpo_nb.rewards import RednessReward
+    from glm_grpo_nb.trainer import GRPOTrainer
+    kw = dict(group_size=2, prompts_per_step=2, num_steps=3, sde_window=[0, 1], micro_batch_size=3, kl_coef=0.1)
+    prompts = ["a red square", "a 'HI' sign on a wall"]
+    source = tmp_path / "source.png"
+    Image.new("RGB", (64, 64), "navy").save(source)
+    i2i = [{"prompt": "make it red", "source": str(source)}, {"prompt": "add a 'HI' sign", "source": str(source)}]
+    runs = [(prompts, dict(output_dir=tmp_path / "joint")),
+            (prompts, dict(mode="decoupled", output_dir=tmp_path / "decoupled")),
+            (i2i, dict(output_dir=tmp_path / "i2i"))]
+    with DeviceBoundary(policy) as boundary:
+        for data, more in runs:
+            trainer = GRPOTrainer(policy, RednessReward(), data, **kw, **more)
+            result = trainer.step()
+            assert not result.skipped and len(result.images) == 4
+            assert set(trainer.evaluate(data, seed=0)) >= {"reward"}
+            trainer.close()
+    assert boundary.ops > 10_000   # the check saw the whole step: sampling, decoding, both updates
