@@ -15,10 +15,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
 
+import importlib
+import sys
+
 import glm_grpo_nb.policy as policy_module
-import glm_grpo_nb.flow as flow_module
-import glm_grpo_nb.tokens as tokens_module
-import glm_grpo_nb.trainer as trainer_module
+
+importlib.import_module("glm_grpo_nb.trainer")   # loads every module that moves tensors, so all are patched
 
 aten = torch.ops.aten
 INDEXING = {aten.index.Tensor: (0,), aten.index_put_.default: (0, 2), aten.index_put.default: (0, 2),
@@ -40,10 +42,9 @@ class DeviceBoundary(TorchDispatchMode):
 
     def __enter__(self):
         for t in list(self.policy.parameters()) + list(self.policy.buffers()): self.label(t, "device")
-        self._saved = (policy_module.GlmImagePolicy.on_device, policy_module.to_host,
-                       flow_module.to_host, tokens_module.to_host, trainer_module.to_host)
-        on_device, to_host = self._saved[0], self._saved[1]
-        boundary = self
+        on_device, to_host, boundary = policy_module.GlmImagePolicy.on_device, policy_module.to_host, self
+        self._saved = on_device, to_host, [m for name, m in list(sys.modules.items())   # every module that imported it
+                                           if name.startswith("glm_grpo_nb") and getattr(m, "to_host", None) is to_host]
 
         def on_device_copy(pol, x, dtype=None):
             y = on_device(pol, x, dtype)
@@ -54,12 +55,12 @@ class DeviceBoundary(TorchDispatchMode):
             return None if y is None else boundary.label(y.clone(), "host")
 
         policy_module.GlmImagePolicy.on_device = on_device_copy
-        for m in (policy_module, flow_module, tokens_module, trainer_module): m.to_host = to_host_copy
+        for m in self._saved[2]: m.to_host = to_host_copy
         return super().__enter__()
 
     def __exit__(self, *exc):
-        (policy_module.GlmImagePolicy.on_device, policy_module.to_host, flow_module.to_host, tokens_module.to_host,
-         trainer_module.to_host) = self._saved
+        policy_module.GlmImagePolicy.on_device = self._saved[0]
+        for m in self._saved[2]: m.to_host = self._saved[1]
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
