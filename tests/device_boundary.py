@@ -8,15 +8,17 @@ and one that would live on the host are indistinguishable, and a mix of the two 
 - every ATen op propagates the labels of its tensor arguments to its outputs, and raises `DeviceMix` when a "device"
   tensor meets a "host" tensor of one or more dimensions, except in the ops CUDA accepts that way (copies between
   devices, indexing with host indices).
-Tensors made by factories inside library code carry no label and mix with either side, so the check never fails
-where CUDA would not; it fails where labelled tensors meet, which is where the boundary was crossed."""
+Tensors made by factories (`torch.zeros`, `arange`, ... in any code) and moved with an explicit `.to(device)` carry no
+label and mix with either side: on a CPU-only machine it cannot be told which device they were meant for. So the check
+never fails where CUDA would not, and fails where labelled tensors meet, which is where the boundary was crossed; a
+tensor made on the host by default that meets a GPU tensor is left to `tests/test_gpu.py` on a GPU."""
+import importlib
+import sys
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
-
-import importlib
-import sys
 
 import glm_grpo_nb.policy as policy_module
 
