@@ -23,6 +23,10 @@ def test_the_check_finds_a_mix_and_allows_what_cuda_allows(policy):
             logp.gather(-1, index)                    # the first GPU step's crash: a CUDA gather with a CPU index
         with pytest.raises(DeviceMix):
             policy.ar.lm_head(policy_module.to_host(torch.randn(3, policy.ar.lm_head.in_features)))   # host input
+        from glm_grpo_nb.loss import group_advantages
+        advantages, _ = group_advantages([1.0, 2.0, 3.0, 4.0], 2)   # made from a list in the package: on the host
+        with pytest.raises(DeviceMix, match="mul"):
+            logp[:, 0] * advantages
         logp[index[:, 0]]                             # indexing with host indices: CUDA accepts it
         logp.copy_(policy_module.to_host(logp))       # copies cross devices by design
         logp * policy_module.to_host(torch.tensor(2.0))   # a 0-d host tensor is a scalar to CUDA
@@ -48,3 +52,4 @@ def test_a_training_run_keeps_to_the_boundary(policy, tmp_path):
             assert set(trainer.evaluate(data, seed=0)) >= {"reward"}
             trainer.close()
     assert boundary.ops > 10_000   # the check saw the whole step: sampling, decoding, both updates
+    assert boundary.made > 100     # and the host tensors the package makes itself
