@@ -17,7 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")   # before CUDA starts: reserved ~ allocated
+from glm_grpo_nb.cli import ALLOCATOR   # imports no torch
+
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOCATOR)   # as glm-grpo does, before CUDA starts
 import torch
 from PIL import Image
 

@@ -280,13 +280,14 @@ def sample_tokens(
     gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=n_sampled,   # the sampler draws; generate takes its pick
                                pad_token_id=self.processor.tokenizer.pad_token_id, eos_token_id=self.image_end_id,
                                bos_token_id=self.image_start_id)
-    if self.sampling_copy: gen_cfg.compile_config = self.sampling_compile   # with a static cache: compiled on CUDA
+    cache = None
+    if self.sampling_copy:   # the copy's static cache: transformers compiles the decode step on CUDA
+        gen_cfg.compile_config, cache = self.sampling_compile, self.sampling_cache(ids.shape[0], ids.shape[1] + n_sampled)
     was_training = self.ar.training
     self.ar.eval()
     try:
         with torch.no_grad():
             model = self.sampling_model()   # the AR, or its merged copy (see `policy`)
-            cache = self.sampling_cache(ids.shape[0], ids.shape[1] + n_sampled) if self.sampling_copy else None
             out = model.generate(input_ids=self.on_device(ids), attention_mask=self.on_device(mask),
                                  image_grid_thw=self.on_device(grids_n), images_per_sample=self.on_device(per_n),
                                  generation_config=gen_cfg, past_key_values=cache,
