@@ -22,7 +22,7 @@ from .hub import MODEL_INDEX, atomic_folder, check_folder, quiet_io
 # %% auto #0
 __all__ = ['RELEASE_IDS', 'TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'make_random_glm_image',
            'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'color_rgb', 'palette_codes', 'codes_image',
-           'synthetic_scene']
+           'synthetic_scene', 'render_sign']
 
 # %% ../nbs/01_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -291,3 +291,22 @@ def synthetic_scene(rng: np.random.Generator, width: int = 64, height: int = 64)
         y = int(rng.integers(0, max(1, height - (b - t)))) - t
         d.text((x, y), word, fill=color_rgb(fg), font=font); caption = f"the word '{word}' in {fg} on {bg}"
     return im, caption
+
+# %% ../nbs/01_tiny.ipynb #21edcd84
+def render_sign(lines: str | list[str], size: int = 1024, font_size: int | None = None) -> Image.Image:
+    "A `size`² picture of a sign showing `lines` (a string or one string per line), dark text on a light board."
+    lines = [lines] if isinstance(lines, str) else list(lines)
+    if not lines or not all(isinstance(l, str) and l.strip() for l in lines):
+        raise ValueError("render_sign: pass the sign's text, a non-empty string or a list of them.")
+    im = Image.new("RGB", (size, size), (40, 90, 160))
+    d = ImageDraw.Draw(im)
+    fs = font_size or max(8, size // (max(6, max(map(len, lines)) * 3 // 5 + 2)))   # widest line about 3/4 of the board
+    font = ImageFont.load_default(size=fs)
+    boxes = [d.textbbox((0, 0), l, font=font) for l in lines]
+    gap, heights = fs // 3, [b - t for _, t, _, b in boxes]
+    top = (size - sum(heights) - gap * (len(lines) - 1)) // 2
+    m = size // 16
+    d.rectangle([m, top - 2 * m, size - m, top + sum(heights) + gap * (len(lines) - 1) + 2 * m], fill=(245, 240, 225))
+    for line, (l, t, r, b), h in zip(lines, boxes, heights):
+        d.text(((size - (r - l)) // 2 - l, top - t), line, font=font, fill=(25, 25, 25)); top += h + gap
+    return im

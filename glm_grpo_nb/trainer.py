@@ -58,8 +58,7 @@ class Sample:
         "The samples `rows` (whole groups, for sharding across processes)."
         rows = list(rows)
         pick = lambda xs: None if xs is None else [xs[r] for r in rows]
-        rsel = lambda o: None if o is None else RewardOutput(total=o.total[rows], components={k: v[rows] for k, v in o.components.items()},
-                                                            seconds=o.seconds, info={k: v[rows] for k, v in o.info.items()})
+        rsel = lambda o: None if o is None else o.select(rows)
         G = self.group_size
         if len(rows) % G or any(rows[k:k + G] != list(range(rows[k], rows[k] + G)) or rows[k] % G for k in range(0, len(rows), G)):
             raise ValueError("Sample.select: pick whole groups in order, so no group is split across processes.")
