@@ -23,7 +23,7 @@ from .hub import check_folder, check_hub_model, check_image_size, mark_folder, m
 
 # %% auto #0
 __all__ = ['DEMO_PROMPTS', 'REWARD_NAMES', 'TRAIN_DEFAULTS', 'ALLOCATOR', 'COMMANDS', 'tiny', 'generate', 'demo', 'parse_rewards',
-           'config_options', 'train', 'plan', 'command_parser', 'main']
+           'config_options', 'train', 'serve_reward', 'plan', 'command_parser', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def tiny(
@@ -166,9 +166,21 @@ def demo(
 # %% ../nbs/08_cli.ipynb #3aa3df8b
 REWARD_NAMES = ("aesthetic", "clip", "mse", "ocr", "perceptual", "pickscore", "psnr", "redness", "ssim")  # for --help
 
+def _user_reward(spec: str):
+    "The reward `module:object` (a class is instantiated with no arguments), imported from the current folder too."
+    import importlib
+    module, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path: sys.path.insert(0, os.getcwd())
+    try: obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"--reward: cannot import {spec!r} ({e}); give a built-in name or module:object.") from None
+    obj = obj() if isinstance(obj, type) else obj
+    if not callable(obj): raise ValueError(f"--reward: {spec!r} is a {type(obj).__name__}, not a reward (a callable).")
+    return obj
+
 def parse_rewards(spec: str, models: str = "") -> dict:
-    "'ssim=1,clip=0.5' (and 'clip=PATH' models) -> {reward: weight} for `combine`."
-    from glm_grpo_nb.rewards import REWARDS, load_reward
+    "'ssim=1,clip=0.5' -> {reward: weight} for `combine`: built-in names (models by 'clip=PATH'), module:object, or URLs."
+    from glm_grpo_nb.rewards import REWARDS, RemoteReward, load_reward
     model_of = {}
     for part in filter(None, (p.strip() for p in models.split(","))):
         name, _, path = part.partition("=")
@@ -176,11 +188,15 @@ def parse_rewards(spec: str, models: str = "") -> dict:
         model_of[name] = path
     out = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, _, w = part.partition("=")
-        if name not in REWARDS: raise ValueError(f"--reward: unknown reward {name!r}; choose from {', '.join(sorted(REWARDS))}.")
-        try: weight = float(w) if w else 1.0
+        name, eq, w = part.rpartition("=") if "=" in part else (part, "", "")
+        try: weight = float(w) if eq else 1.0
         except ValueError: raise ValueError(f"--reward: the weight in {part!r} is not a number.")
-        out[load_reward(name, **({"model": model_of[name]} if name in model_of else {}))] = weight
+        if re.match(r"https?://", name): out[RemoteReward(name)] = weight     # served: glm-grpo serve-reward
+        elif ":" in name: out[_user_reward(name)] = weight
+        elif name not in REWARDS:
+            raise ValueError(f"--reward: unknown reward {name!r}; choose from {', '.join(sorted(REWARDS))}, "
+                             "module:object for your own, or the URL of a reward server.")
+        else: out[load_reward(name, **({"model": model_of[name]} if name in model_of else {}))] = weight
     if not out: raise ValueError("--reward: pass at least one reward, e.g. --reward ssim=1.")
     return out
 
@@ -284,6 +300,37 @@ def train(
     print(f"wrote {Path(out) / 'adapters'} and {Path(out) / 'metrics.jsonl'}")
     return 0
 
+# %% ../nbs/08_cli.ipynb #d1c0bad7
+def serve_reward(
+    reward: str,               # rewards to serve, NAME[=WEIGHT] separated by commas (built-ins or module:object)
+    host: str = "127.0.0.1",   # address to listen on; anything beyond loopback needs a token
+    port: int = 8000,          # port to listen on (0: any free port; the URL is printed)
+    token: str = None,         # token clients must send (default: $GLM_GRPO_REWARD_TOKEN)
+    reward_models: str = "",   # models of model-based rewards, NAME=PATH separated by commas
+):
+    "Serve rewards over HTTP for RemoteReward: models load once, JSON with PNG images, a token beyond loopback."
+    import signal, threading
+    from glm_grpo_nb.rewards import TOKEN_ENV, combine, serve_reward as serve
+    token = token or os.environ.get(TOKEN_ENV) or None
+    if host not in ("127.0.0.1", "localhost", "::1") and not token:   # before any model loads
+        raise ValueError(f"serve-reward: --host {host} is beyond loopback; pass --token T (or set {TOKEN_ENV}).")
+    parts = parse_rewards(reward, reward_models)
+    if any(re.match(r"https?://", str(getattr(r, "url", ""))) for r in parts):
+        raise ValueError("serve-reward: serve rewards of this process, not other servers' URLs.")
+    reward_fn = combine(parts)
+    server = serve(reward_fn, host=host, port=port, token=token, background=True)
+    print(f"serving {reward_fn.name!r} at {server.url}" + (" (token required)" if token else "") +
+          f"; in training: RemoteReward({server.url!r}) or --reward {server.url}", flush=True)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while server.thread.is_alive() and not stop.wait(0.2): pass
+    except KeyboardInterrupt: pass
+    server.stop()
+    print("reward server stopped", flush=True)
+    return 0
+
 # %% ../nbs/08_cli.ipynb #b7d04658
 def _flags(change: dict) -> str:
     "Settings as command-line options: {'load_in_4bit': True, 'sde_window': [0]} -> '--load-in-4bit --sde-window 0'."
@@ -327,11 +374,11 @@ def plan(
 
 # %% ../nbs/08_cli.ipynb #6970f665
 ALLOCATOR = "expandable_segments:True"   # CUDA memory reserved stays close to what is allocated (see `memory`)
-COMMANDS = {"demo": demo, "train": train, "plan": plan, "tiny": tiny, "generate": generate}
+COMMANDS = {"demo": demo, "train": train, "serve-reward": serve_reward, "plan": plan, "tiny": tiny, "generate": generate}
 
 def _usage():
     lines = [f"glm-grpo {__version__}: GRPO fine-tuning for GLM-Image", "", "usage: glm-grpo COMMAND [options]", "", "commands:"]
-    lines += [f"  {n:<10} {inspect.getdoc(f).splitlines()[0]}" for n, f in COMMANDS.items()]
+    lines += [f"  {n:<13} {inspect.getdoc(f).splitlines()[0]}" for n, f in COMMANDS.items()]
     lines += ["", "glm-grpo COMMAND --help shows each command's options."]
     return "\n".join(lines)
 
@@ -371,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"glm-grpo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr); return 2
     func = COMMANDS[name]
-    more = {"reward": "; NAME is one of " + ", ".join(REWARD_NAMES)} if name == "train" else None
+    more = {"reward": "; NAME is one of " + ", ".join(REWARD_NAMES)} if name in ("train", "serve-reward") else None
     parser = command_parser(func, prog=f"glm-grpo {name}", more_help=more)
     params = inspect.signature(func).parameters
     takes_settings = any(p.kind is p.VAR_KEYWORD for p in params.values())

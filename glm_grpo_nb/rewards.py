@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from abc import ABC, abstractmethod
@@ -21,11 +22,12 @@ from PIL import Image
 from .loss import group_advantages
 
 # %% auto #0
-__all__ = ['REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores', 'call_reward',
-           'evaluate_reward', 'images_to_tensor', 'ssim', 'MSEReward', 'PSNRReward', 'SSIMReward', 'RednessReward',
-           'quoted_texts', 'edit_distance', 'substring_distance', 'text_score', 'word_accuracy', 'RapidOCREngine',
-           'TransformersOCR', 'OCRReward', 'CLIPScoreReward', 'PickScoreReward', 'AestheticReward', 'PerceptualReward',
-           'load_reward', 'CombinedReward', 'combine']
+__all__ = ['REWARDS', 'TOKEN_ENV', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores',
+           'call_reward', 'evaluate_reward', 'images_to_tensor', 'ssim', 'MSEReward', 'PSNRReward', 'SSIMReward',
+           'RednessReward', 'quoted_texts', 'edit_distance', 'substring_distance', 'text_score', 'word_accuracy',
+           'RapidOCREngine', 'TransformersOCR', 'OCRReward', 'CLIPScoreReward', 'PickScoreReward', 'AestheticReward',
+           'PerceptualReward', 'load_reward', 'CombinedReward', 'combine', 'png_base64', 'image_from_base64',
+           'RewardServiceError', 'reward_app', 'RewardServer', 'serve_reward', 'RemoteReward']
 
 # %% ../nbs/03_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -42,6 +44,8 @@ class Reward(ABC):
     def to(self, device=None, dtype=None):
         "Move the reward's models (if any) to `device`/`dtype`, e.g. to the CPU while the policy trains."
         return self
+    def check(self) -> None:
+        "Fail now, with a clear error, if the reward cannot work (e.g. its server is down); the trainer calls it when built."
     def __repr__(self): return f"{type(self).__name__}(name={self.name!r})"
 
 def reward_name(reward) -> str:
@@ -470,6 +474,10 @@ class CombinedReward(Reward):
             if hasattr(r, "to"): r.to(device, dtype)
         return self
 
+    def check(self) -> None:
+        for _, r, _ in self.parts:
+            if hasattr(r, "check"): r.check()
+
     def evaluate(self, images, prompts, targets=None, sources=None, group_size=None, normalize=None) -> RewardOutput:
         "Score and report every component; `normalize` overrides the constructor's (False: plain weighted sum)."
         _check_inputs(images, prompts, targets, sources)
@@ -490,3 +498,216 @@ class CombinedReward(Reward):
 def combine(weights: dict, normalize: bool = False) -> CombinedReward:
     "One reward from `{name_or_reward: weight}`: the weighted sum, with every component reported."
     return CombinedReward(weights, normalize)
+
+# %% ../nbs/03_rewards.ipynb #9160d41b
+TOKEN_ENV = "GLM_GRPO_REWARD_TOKEN"   # where serve_reward and RemoteReward look for the token when none is passed
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+def _host_of(url: str) -> str:
+    from urllib.parse import urlsplit
+    return urlsplit(url).hostname or ""
+
+def png_base64(image: Image.Image) -> str:
+    "A PIL image as base64 PNG text (lossless: the server sees exactly our pixels)."
+    import base64, io
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", compress_level=1)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+def image_from_base64(data, what: str) -> Image.Image:
+    "The PNG image in base64 text `data`; anything else is a ValueError naming `what`."
+    import base64, binascii, io
+    try:
+        im = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
+        if im.format != "PNG": raise ValueError(f"it is {im.format}, not PNG")
+        im.load()
+    except (TypeError, ValueError, binascii.Error, OSError, Image.DecompressionBombError) as e:
+        raise ValueError(f"{what} is not a base64 PNG image ({e}).") from None
+    return im
+
+class RewardServiceError(ValueError):
+    "A reward service could not be reached, timed out, refused the request, or answered something unusable."
+
+# %% ../nbs/03_rewards.ipynb #cada1165
+def reward_app(reward, token: str | None = None, max_request_mb: float = 1024):
+    "The Starlette app that serves `reward`: `GET /info` and `POST /score` (see `serve_reward`)."
+    import hmac, json, logging, threading
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    lock, log = threading.Lock(), logging.getLogger("glm_grpo_nb.serve_reward")
+    about = {"protocol": 1, "name": reward_name(reward), "needs_targets": bool(getattr(reward, "needs_targets", False)),
+             "needs_sources": bool(getattr(reward, "needs_sources", False))}
+    expected = f"Bearer {token}".encode() if token else None
+
+    def refused(request):
+        if expected is None or hmac.compare_digest(request.headers.get("authorization", "").encode(), expected): return None
+        return JSONResponse({"error": "missing or wrong token: send the header 'Authorization: Bearer TOKEN'"}, 401)
+
+    def _score(body: dict) -> JSONResponse:
+        if not isinstance(body, dict): raise ValueError("the request must be a JSON object")
+        images = body.get("images")
+        if not isinstance(images, list): raise ValueError("'images' must be a list of base64 PNG images")
+        images = [image_from_base64(x, f"images[{i}]") for i, x in enumerate(images)]
+        targets = body.get("targets")
+        if targets is not None: targets = [image_from_base64(x, f"targets[{i}]") for i, x in enumerate(targets)]
+        sources = body.get("sources")
+        if sources is not None:
+            sources = [[image_from_base64(x, f"sources[{i}][{j}]") for j, x in enumerate(row)] for i, row in enumerate(sources)]
+        prompts = body.get("prompts")
+        if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+            raise ValueError("'prompts' must be a list of strings, one per image")
+        with lock:
+            out = evaluate_reward(reward, images, prompts, targets, sources, group_size=body.get("group_size"),
+                                  normalize=body.get("normalize"))
+        return JSONResponse({"scores": out.total.tolist(), "components": {k: v.tolist() for k, v in out.components.items()},
+                             "info": {k: v.tolist() for k, v in out.info.items()}, "texts": out.texts, "seconds": out.seconds})
+
+    async def info(request):
+        return refused(request) or JSONResponse(about)
+
+    async def score(request):
+        if (no := refused(request)) is not None: return no
+        if int(request.headers.get("content-length") or 0) > max_request_mb * 2 ** 20:
+            return JSONResponse({"error": f"request larger than {max_request_mb} MB; send fewer images per call"}, 413)
+        try: body = json.loads(await request.body())
+        except ValueError as e: return JSONResponse({"error": f"the request is not JSON ({e})"}, 400)
+        try: return await run_in_threadpool(_score, body)
+        except NonFiniteRewardError as e: return JSONResponse({"error": str(e), "kind": "nonfinite"}, 422)
+        except ValueError as e: return JSONResponse({"error": str(e)}, 400)
+        except Exception as e:
+            log.exception("reward %r failed", about["name"])
+            return JSONResponse({"error": f"the reward raised {type(e).__name__}: {e}"}, 500)
+
+    return Starlette(routes=[Route("/info", info), Route("/score", score, methods=["POST"])])
+
+# %% ../nbs/03_rewards.ipynb #ac7d8769
+class RewardServer:
+    "A reward service running in a background thread (`serve_reward(..., background=True)`): its `url`, `stop()`."
+    def __init__(self, server, thread, url): self.server, self.thread, self.url = server, thread, url
+    def stop(self, timeout: float = 10.0) -> None:
+        "Stop serving and wait for the thread to end."
+        self.server.should_exit = True
+        self.thread.join(timeout)
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.stop()
+    def __repr__(self): return f"RewardServer({self.url}, {'running' if self.thread.is_alive() else 'stopped'})"
+
+def serve_reward(reward, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, background: bool = False,
+                 log_level: str = "warning", max_request_mb: float = 1024) -> RewardServer | None:
+    "Serve `reward` over HTTP (see `reward_app`); beyond loopback a token is required. Foreground unless `background`."
+    import threading, uvicorn
+    token = token or os.environ.get(TOKEN_ENV) or None
+    if host not in _LOOPBACK and not token:
+        raise ValueError(f"serve_reward: listening on {host}, beyond loopback, needs a token; pass token= (or set "
+                         f"{TOKEN_ENV}) and give the same token to RemoteReward.")
+    config = uvicorn.Config(reward_app(reward, token, max_request_mb), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    if not background:
+        server.run()
+        return None
+    thread = threading.Thread(target=server.run, name=f"serve_reward:{port}", daemon=True)
+    thread.start()
+    start = time.monotonic()
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() - start > 60:
+            server.should_exit = True
+            raise RewardServiceError(f"serve_reward: the server did not start on {host}:{port} (port in use?).")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    return RewardServer(server, thread, f"http://{'[' + host + ']' if ':' in host else host}:{bound}")
+
+# %% ../nbs/03_rewards.ipynb #6e619f59
+def _numbers(values, what: str, n: int | None = None) -> list[float]:
+    "`values` as a list of floats, else a ValueError: one number (int/float, NaN allowed) per image."
+    if not isinstance(values, list): raise ValueError(f"{what} is a {type(values).__name__}, not a list of numbers")
+    bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))), None)
+    if bad is not None or None in values:
+        raise ValueError(f"{what} holds {bad!r}, not a number")
+    if n is not None and len(values) != n: raise ValueError(f"{what} has {len(values)} numbers for {n} images")
+    return [float(v) for v in values]
+
+class RemoteReward(Reward):
+    "A reward served over HTTP by `serve_reward` (or anything speaking its protocol): scores, components, info, texts."
+    def __init__(self, url: str, timeout: float = 300.0, retries: int = 3, token: str | None = None,
+                 backoff: float = 0.5):
+        import requests
+        self.url, self.timeout, self.retries, self.backoff = url.rstrip("/"), timeout, retries, backoff
+        self.token = token or os.environ.get(TOKEN_ENV) or None
+        self.session, self.last_info, self.last_texts = requests.Session(), {}, {}
+        self._declare(self._call("GET", "/info"))
+
+    def _declare(self, about):
+        if not isinstance(about, dict) or not isinstance(about.get("name"), str):
+            raise RewardServiceError(f"reward service {self.url}: /info did not describe a reward ({str(about)[:200]}); "
+                                     "is this a glm-grpo serve-reward server?")
+        self.name = about["name"]
+        self.needs_targets, self.needs_sources = bool(about.get("needs_targets")), bool(about.get("needs_sources"))
+
+    def check(self) -> None:
+        "Ask the server again what it serves (the trainer calls this when it is built)."
+        name = self.name
+        self._declare(self._call("GET", "/info"))
+        if self.name != name:
+            raise RewardServiceError(f"reward service {self.url} now serves {self.name!r}, not {name!r} as when this "
+                                     "RemoteReward was made.")
+
+    def _call(self, method: str, path: str, payload=None):
+        import requests
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        for attempt in range(self.retries + 1):
+            if attempt: time.sleep(self.backoff * 2 ** (attempt - 1))
+            try: r = self.session.request(method, self.url + path, json=payload, headers=headers, timeout=self.timeout)
+            except requests.Timeout: why = f"no answer within {self.timeout:g} s (raise timeout= if the reward is slow)"
+            except requests.ConnectionError as e:
+                why = f"cannot connect ({type(e).__name__}); is the server running at that address?"
+            else:
+                if r.status_code < 500: break
+                why = f"HTTP {r.status_code}: {_error_of(r)}"
+        else:
+            raise RewardServiceError(f"reward service {self.url}{path}: {why} (tried {self.retries + 1} times).")
+        if r.status_code == 401:
+            raise RewardServiceError(f"reward service {self.url} refused the token: pass the server's token as "
+                                     f"RemoteReward(token=...) or in ${TOKEN_ENV}.")
+        if r.status_code == 422 and _error_of(r, "kind") == "nonfinite":
+            raise NonFiniteRewardError(f"reward service {self.url}: {_error_of(r)}")
+        if r.status_code >= 400: raise RewardServiceError(f"reward service {self.url}{path}: HTTP {r.status_code}: {_error_of(r)}")
+        try: return r.json()
+        except ValueError: raise RewardServiceError(f"reward service {self.url}{path} answered something that is not JSON: "
+                                                    f"{r.text[:200]!r}") from None
+
+    def evaluate(self, images, prompts, targets=None, sources=None, group_size=None, normalize=None) -> RewardOutput:
+        "One request for all the images; the answer checked like a local reward's."
+        _check_inputs(images, prompts, targets, sources)
+        n, payload = len(images), {"images": [png_base64(im) for im in images], "prompts": list(prompts),
+                                   "group_size": group_size, "normalize": normalize}
+        if self.needs_targets and targets is not None: payload["targets"] = [png_base64(t) for t in targets]
+        if self.needs_sources and sources is not None: payload["sources"] = [[png_base64(s) for s in ss] for ss in sources]
+        t = time.perf_counter()
+        ans = self._call("POST", "/score", payload)
+        seconds = time.perf_counter() - t
+        try:
+            if not isinstance(ans, dict): raise ValueError(f"the answer is a {type(ans).__name__}, not an object")
+            total = torch.tensor(_numbers(ans.get("scores"), "'scores'", n))
+            comps = {k: torch.tensor(_numbers(v, f"component {k!r}", n)) for k, v in (ans.get("components") or {}).items()}
+            info = {k: torch.tensor(_numbers(v, f"info {k!r}", n)) for k, v in (ans.get("info") or {}).items()}
+            texts = {k: _texts(self.name, k, v, n) for k, v in (ans.get("texts") or {}).items()}
+        except ValueError as e:
+            raise RewardServiceError(f"reward service {self.url}: {e}; it must answer one number per image.") from None
+        where = f"{self.name} at {self.url}"
+        total = validate_scores(where, total, n)
+        comps = {k: validate_scores(f"{where}, component {k}", v, n) for k, v in comps.items()} or {self.name: total}
+        self.last_info, self.last_texts = info, texts
+        return RewardOutput(total=total, components=comps, seconds={k: seconds for k in comps}, info=info, texts=texts)
+
+    def score(self, images, prompts, targets=None, sources=None):
+        return self.evaluate(images, prompts, targets, sources).total
+
+    def __repr__(self): return f"RemoteReward({self.url!r}, name={self.name!r})"
+
+def _error_of(r, key: str = "error"):
+    "The server's `error` (or `key`) field, else the start of its answer."
+    try: return r.json()[key]
+    except (ValueError, KeyError, TypeError): return None if key != "error" else r.text[:200]

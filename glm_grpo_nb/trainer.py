@@ -202,8 +202,11 @@ class GRPOTrainer:
         data = self.dataset
         if data.has_sources and len({len(e.sources or []) for e in data.examples}) != 1:
             raise ValueError("GRPOTrainer: every row of an i2i dataset needs source images.")
+        checked = set()
         for role, fn in (("reward_fn", self.reward_fn), ("ar_reward_fn", self.ar_reward_fn),
                          ("dit_reward_fn", self.dit_reward_fn)):
+            if id(fn) not in checked and hasattr(fn, "check"): fn.check()   # e.g. a reward server that is down
+            checked.add(id(fn))
             for need, n in data.unmet_needs(fn).items():
                 raise ValueError(f"GRPOTrainer: {role} {reward_name(fn)!r} needs {need[:-1]} images, but "
                                  f"{'not every row' if n else 'no row'} of the dataset has one; give every prompt a "

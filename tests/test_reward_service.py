@@ -1,0 +1,120 @@
+"""Rewards served by `glm-grpo serve-reward` in their own process, on loopback: a training step with a served reward
+equals the step with the same reward in-process, bit for bit; a stopped, a slow and a misbehaving server each give an
+error that names the URL, before anything reaches the weights."""
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import clean_env
+
+from glm_grpo_nb.policy import GlmImagePolicy
+from glm_grpo_nb.rewards import RednessReward, RemoteReward, RewardServiceError
+from glm_grpo_nb.trainer import GRPOTrainer
+
+PROMPTS = ["a blue square on a white background", "the word 'OK' in white on blue"]
+
+USER_REWARDS = '''
+import time, torch
+from glm_grpo_nb.rewards import RednessReward
+
+def slow(images, prompts, targets=None, sources=None):
+    time.sleep(3)
+    return torch.zeros(len(images))
+
+def one_short(images, prompts, targets=None, sources=None):
+    return torch.zeros(len(images) - 1)
+
+class Redder(RednessReward):
+    name = "redder"
+'''
+
+
+class Server:
+    "`glm-grpo serve-reward ARGS --port 0` in a subprocess; its URL is read from the line it prints."
+    def __init__(self, glm_grpo, *args, cwd=None):
+        self.proc = subprocess.Popen([glm_grpo, "serve-reward", *args, "--port", "0"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=cwd)
+        line = self.proc.stdout.readline()
+        found = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
+        if not found:
+            self.proc.kill()
+            raise AssertionError(f"serve-reward did not start: {line!r} {self.proc.stderr.read()[-2000:]}")
+        self.url = found.group(1)
+
+    def stop(self):
+        "SIGTERM, as a cluster sends it; the server stops cleanly."
+        self.proc.send_signal(signal.SIGTERM)
+        out, err = self.proc.communicate(timeout=30)
+        return self.proc.returncode, out, err
+
+    def __enter__(self): return self
+    def __exit__(self, *exc):
+        if self.proc.poll() is None: self.proc.kill(); self.proc.wait()
+
+
+@pytest.fixture
+def user_rewards(tmp_path):
+    (tmp_path / "user_rewards.py").write_text(textwrap.dedent(USER_REWARDS))
+    return tmp_path
+
+
+def trainer_with(tiny_path, reward_fn):
+    policy = GlmImagePolicy.from_pretrained(tiny_path, ar_lora=4, dit_lora=4, device="cpu", lora_seed=0, verbose=False)
+    return GRPOTrainer(policy, reward_fn, PROMPTS, group_size=2, prompts_per_step=2, height=64, width=64, num_steps=4,
+                       sde_window=(0, 2), seed=0, lr=1e-3)
+
+
+def adapters(trainer):
+    return {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if p.requires_grad}
+
+
+def test_served_step_equals_local_step(glm_grpo, tiny_path):
+    local = trainer_with(tiny_path, RednessReward())
+    want = local.step()
+    with Server(glm_grpo, "redness") as server:
+        remote = trainer_with(tiny_path, RemoteReward(server.url))
+        got = remote.step()
+        rc, out, _ = server.stop()
+    assert rc == 0 and "reward server stopped" in out
+    assert torch.equal(got.rewards, want.rewards) and torch.equal(got.advantages, want.advantages)
+    assert got.metrics == want.metrics
+    a, b = adapters(remote), adapters(local)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_stopped_server_is_found_when_the_trainer_is_built(glm_grpo, tiny_path, user_rewards):
+    with Server(glm_grpo, "user_rewards:Redder", cwd=user_rewards) as server:
+        reward = RemoteReward(server.url, retries=1, backoff=0.05)
+        assert reward.name == "redder"
+        server.stop()
+    with pytest.raises(RewardServiceError, match=re.escape(server.url) + ".*cannot connect"):
+        trainer_with(tiny_path, reward)
+
+
+def test_slow_server_times_out(glm_grpo, user_rewards):
+    from PIL import Image
+    with Server(glm_grpo, "user_rewards:slow", cwd=user_rewards) as server:
+        reward = RemoteReward(server.url, timeout=0.5, retries=1, backoff=0.05)
+        with pytest.raises(RewardServiceError, match=re.escape(server.url) + r".*no answer within 0\.5 s.*tried 2 times"):
+            reward([Image.new("RGB", (8, 8))] * 2, ["a", "b"])
+
+
+def test_wrong_length_answer(glm_grpo, tiny_path, user_rewards):
+    with Server(glm_grpo, "user_rewards:one_short", cwd=user_rewards) as server:
+        trainer = trainer_with(tiny_path, RemoteReward(server.url, retries=0))
+        before = adapters(trainer)
+        with pytest.raises(RewardServiceError, match=re.escape(server.url) + ".*one score per image"):
+            trainer.step()
+    after = adapters(trainer)
+    assert trainer.step_count == 0 and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_beyond_loopback_needs_a_token(glm_grpo):
+    r = subprocess.run([glm_grpo, "serve-reward", "redness", "--host", "0.0.0.0", "--port", "0"], capture_output=True,
+                       text=True, env={k: v for k, v in clean_env().items() if k != "GLM_GRPO_REWARD_TOKEN"}, timeout=120)
+    assert r.returncode == 2 and "beyond loopback" in r.stderr and "--token" in r.stderr
