@@ -9,10 +9,13 @@ import math
 import os
 import re
 import time
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from fastcore.basics import patch_to
 
 import numpy as np
 import torch
@@ -22,12 +25,13 @@ from PIL import Image
 from .loss import group_advantages
 
 # %% auto #0
-__all__ = ['REWARDS', 'TOKEN_ENV', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores',
-           'call_reward', 'evaluate_reward', 'images_to_tensor', 'ssim', 'MSEReward', 'PSNRReward', 'SSIMReward',
-           'RednessReward', 'quoted_texts', 'edit_distance', 'substring_distance', 'text_score', 'word_accuracy',
-           'RapidOCREngine', 'TransformersOCR', 'OCRReward', 'CLIPScoreReward', 'PickScoreReward', 'AestheticReward',
-           'PerceptualReward', 'load_reward', 'CombinedReward', 'combine', 'png_base64', 'image_from_base64',
-           'RewardServiceError', 'reward_app', 'RewardServer', 'serve_reward', 'RemoteReward']
+__all__ = ['REWARDS', 'TOKEN_ENV', 'JUDGE_QUESTIONS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError',
+           'validate_scores', 'call_reward', 'evaluate_reward', 'images_to_tensor', 'ssim', 'MSEReward', 'PSNRReward',
+           'SSIMReward', 'RednessReward', 'quoted_texts', 'edit_distance', 'substring_distance', 'text_score',
+           'word_accuracy', 'RapidOCREngine', 'TransformersOCR', 'OCRReward', 'CLIPScoreReward', 'PickScoreReward',
+           'AestheticReward', 'PerceptualReward', 'load_reward', 'CombinedReward', 'combine', 'png_base64',
+           'image_from_base64', 'RewardServiceError', 'reward_app', 'RewardServer', 'serve_reward', 'http_request',
+           'RemoteReward', 'VLMJudgeReward']
 
 # %% ../nbs/03_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -620,6 +624,20 @@ def serve_reward(reward, host: str = "127.0.0.1", port: int = 8000, token: str |
     return RewardServer(server, thread, f"http://{'[' + host + ']' if ':' in host else host}:{bound}")
 
 # %% ../nbs/03_rewards.ipynb #6e619f59
+def http_request(session, method: str, url: str, payload, headers: dict, timeout: float, retries: int, backoff: float,
+                 what: str):
+    "One HTTP call, retried with exponential backoff on connection errors, timeouts and 5xx; the response otherwise."
+    import requests
+    for attempt in range(retries + 1):
+        if attempt: time.sleep(backoff * 2 ** (attempt - 1))
+        try: r = session.request(method, url, json=payload, headers=headers, timeout=timeout)
+        except requests.Timeout: why = f"no answer within {timeout:g} s (raise timeout= if the reward is slow)"
+        except requests.ConnectionError as e: why = f"cannot connect ({type(e).__name__}); is the server running at that address?"
+        else:
+            if r.status_code < 500: return r
+            why = f"HTTP {r.status_code}: {_error_of(r)}"
+    raise RewardServiceError(f"{what}: {why} (tried {retries + 1} times).")
+
 def _numbers(values, what: str, n: int | None = None) -> list[float]:
     "`values` as a list of floats, else a ValueError: one number (int/float, NaN allowed) per image."
     if not isinstance(values, list): raise ValueError(f"{what} is a {type(values).__name__}, not a list of numbers")
@@ -655,19 +673,9 @@ class RemoteReward(Reward):
                                      "RemoteReward was made.")
 
     def _call(self, method: str, path: str, payload=None):
-        import requests
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        for attempt in range(self.retries + 1):
-            if attempt: time.sleep(self.backoff * 2 ** (attempt - 1))
-            try: r = self.session.request(method, self.url + path, json=payload, headers=headers, timeout=self.timeout)
-            except requests.Timeout: why = f"no answer within {self.timeout:g} s (raise timeout= if the reward is slow)"
-            except requests.ConnectionError as e:
-                why = f"cannot connect ({type(e).__name__}); is the server running at that address?"
-            else:
-                if r.status_code < 500: break
-                why = f"HTTP {r.status_code}: {_error_of(r)}"
-        else:
-            raise RewardServiceError(f"reward service {self.url}{path}: {why} (tried {self.retries + 1} times).")
+        r = http_request(self.session, method, self.url + path, payload, headers, self.timeout, self.retries,
+                         self.backoff, f"reward service {self.url}{path}")
         if r.status_code == 401:
             raise RewardServiceError(f"reward service {self.url} refused the token: pass the server's token as "
                                      f"RemoteReward(token=...) or in ${TOKEN_ENV}.")
@@ -711,3 +719,114 @@ def _error_of(r, key: str = "error"):
     "The server's `error` (or `key`) field, else the start of its answer."
     try: return r.json()[key]
     except (ValueError, KeyError, TypeError): return None if key != "error" else r.text[:200]
+
+# %% ../nbs/03_rewards.ipynb #40080e82
+JUDGE_QUESTIONS = {
+    "yes_no": 'Does this image show "{prompt}"? Answer with one word, yes or no.',
+    "scale": 'On a scale from {low} to {high}, how well does this image match the description "{prompt}"? '
+             'Answer with one number only.',
+}
+
+class VLMJudgeReward(Reward):
+    "A vision-language model judging each image through an OpenAI-compatible chat-completions server."
+    def __init__(self, base_url: str, model: str, question: str | None = None, answer: str = "yes_no",
+                 scale: tuple[float, float] = (0, 10), system: str | None = None, api_key: str | None = None,
+                 logprobs: bool = True, top_logprobs: int = 20, max_tokens: int = 16, max_workers: int = 8,
+                 timeout: float = 120.0, retries: int = 3, backoff: float = 0.5, unparsed_score: float = float("nan"),
+                 name: str = "vlm_judge"):
+        import threading
+        if answer not in JUDGE_QUESTIONS: raise ValueError(f"VLMJudgeReward: answer must be 'yes_no' or 'scale', not {answer!r}.")
+        if answer == "scale" and not scale[1] > scale[0]: raise ValueError(f"VLMJudgeReward: scale {scale} must be (low, high), low < high.")
+        self.base_url, self.model, self.answer, self.scale = base_url.rstrip("/"), model, answer, tuple(scale)
+        self.question = question or JUDGE_QUESTIONS[answer]
+        if "{prompt}" not in self.question: warnings.warn("VLMJudgeReward: the question has no {prompt}; every image gets the same question.")
+        self.system, self.api_key, self.logprobs, self.top_logprobs = system, api_key, logprobs, top_logprobs
+        self.max_tokens, self.max_workers, self.name, self.unparsed_score = max_tokens, max_workers, name, unparsed_score
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self._local, self.last_texts = threading.local(), {}
+        self.check()
+
+    def _session(self):
+        import requests
+        if not hasattr(self._local, "session"): self._local.session = requests.Session()
+        return self._local.session
+
+    def _headers(self): return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def check(self) -> None:
+        "The server answers and serves `model` (where it lists its models)."
+        r = http_request(self._session(), "GET", self.base_url + "/models", None, self._headers(), self.timeout,
+                         self.retries, self.backoff, f"VLM judge {self.base_url}")
+        if r.status_code == 401: raise RewardServiceError(f"VLM judge {self.base_url} refused the API key; pass api_key=.")
+        try: served = [m["id"] for m in r.json()["data"]] if r.status_code == 200 else None
+        except (ValueError, KeyError, TypeError): served = None
+        if served is not None and self.model not in served:
+            raise RewardServiceError(f"VLM judge {self.base_url} does not serve {self.model!r}; it serves {served}.")
+
+    def score(self, images, prompts, targets=None, sources=None):
+        "One request per image, `max_workers` at a time; answers that cannot be read score `unparsed_score`."
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max(1, min(self.max_workers, len(images)))) as pool:
+            out = list(pool.map(self._ask, images, prompts))
+        bad = [i for i, (s, _) in enumerate(out) if s is None]
+        if bad:
+            warnings.warn(f"VLM judge {self.base_url}: could not read a score from the answers to images {bad} "
+                          f"(e.g. {out[bad[0]][1][:80]!r}); they score {self.unparsed_score}.")
+        self.last_texts = {"answer": [a for _, a in out]}
+        return torch.tensor([self.unparsed_score if s is None else s for s, _ in out], dtype=torch.float32)
+
+
+# %% ../nbs/03_rewards.ipynb #74b618b3
+def _top_logprobs(choice) -> list[tuple[str, float]]:
+    "(token, logprob) pairs of the first generated token's top log-probs, [] where the server sent none."
+    try: first = choice["logprobs"]["content"][0]
+    except (KeyError, IndexError, TypeError): return []
+    pairs = [(t.get("token", ""), t.get("logprob")) for t in first.get("top_logprobs") or []] or \
+            [(first.get("token", ""), first.get("logprob"))]
+    return [(t, float(lp)) for t, lp in pairs if isinstance(lp, (int, float)) and math.isfinite(lp)]
+
+@patch_to(VLMJudgeReward)
+def read_score(self, choice) -> float | None:
+    "The score in one chat-completions choice: from top log-probs where present, else from the text; None if unreadable."
+    top, text = _top_logprobs(choice), ((choice.get("message") or {}).get("content") or "").strip()
+    low, high = self.scale
+    if self.answer == "yes_no":
+        p = {"yes": 0.0, "no": 0.0}
+        for tok, lp in top:
+            if tok.strip().lower() in p: p[tok.strip().lower()] += math.exp(lp)
+        if p["yes"] + p["no"] > 0: return p["yes"] / (p["yes"] + p["no"])
+        word = re.match(r"\W*(yes|no)\b", text.lower())
+        return None if word is None else float(word.group(1) == "yes")
+    numbers = [(float(t.strip()), math.exp(lp)) for t, lp in top if re.fullmatch(r"\s*-?\d+(\.\d+)?\s*", t)
+               and low <= float(t.strip()) <= high]
+    if numbers and sum(w for _, w in numbers) > 0:
+        value = sum(v * w for v, w in numbers) / sum(w for _, w in numbers)
+    else:
+        found = re.search(r"-?\d+(?:\.\d+)?", text)
+        if found is None or not low <= float(found.group()) <= high: return None
+        value = float(found.group())
+    return (value - low) / (high - low)
+
+@patch_to(VLMJudgeReward)
+def _ask(self, image: Image.Image, prompt: str):
+    "(score or None, answer text) for one image."
+    low, high = self.scale
+    question = self.question.replace("{prompt}", prompt).replace("{low}", f"{low:g}").replace("{high}", f"{high:g}")
+    messages = ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + png_base64(image)}},
+        {"type": "text", "text": question}]}]
+    body = {"model": self.model, "messages": messages, "temperature": 0.0, "max_tokens": self.max_tokens}
+    if self.logprobs: body.update(logprobs=True, top_logprobs=self.top_logprobs)
+    url, what = self.base_url + "/chat/completions", f"VLM judge {self.base_url}"
+    r = http_request(self._session(), "POST", url, body, self._headers(), self.timeout, self.retries, self.backoff, what)
+    if body.get("logprobs") and r.status_code in (400, 422) and "logprobs" in r.text:   # a server without them
+        if self.logprobs: warnings.warn(f"{what} does not return log-probs; scoring from the answers' text instead.")
+        self.logprobs = False   # threads asking at the same time all land here; the first one warns
+        return self._ask(image, prompt)
+    if r.status_code == 401: raise RewardServiceError(f"{what} refused the API key; pass api_key=.")
+    if r.status_code >= 400: raise RewardServiceError(f"{what}: HTTP {r.status_code}: {r.text[:300]}")
+    try: choice = r.json()["choices"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise RewardServiceError(f"{what} answered something that is not a chat completion: {r.text[:200]!r}") from None
+    return self.read_score(choice), ((choice.get("message") or {}).get("content") or "")
+
