@@ -344,6 +344,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'glm_grpo_nb.tiny.make_tiny_clip': ('tiny.html#make_tiny_clip', 'glm_grpo_nb/tiny.py'),
                                   'glm_grpo_nb.tiny.make_tiny_glm_image': ('tiny.html#make_tiny_glm_image', 'glm_grpo_nb/tiny.py'),
                                   'glm_grpo_nb.tiny.make_tiny_ocr': ('tiny.html#make_tiny_ocr', 'glm_grpo_nb/tiny.py'),
+                                  'glm_grpo_nb.tiny.make_tiny_vlm': ('tiny.html#make_tiny_vlm', 'glm_grpo_nb/tiny.py'),
                                   'glm_grpo_nb.tiny.palette_codes': ('tiny.html#palette_codes', 'glm_grpo_nb/tiny.py'),
                                   'glm_grpo_nb.tiny.render_sign': ('tiny.html#render_sign', 'glm_grpo_nb/tiny.py'),
                                   'glm_grpo_nb.tiny.synthetic_scene': ('tiny.html#synthetic_scene', 'glm_grpo_nb/tiny.py')},

@@ -625,8 +625,8 @@ def serve_reward(reward, host: str = "127.0.0.1", port: int = 8000, token: str |
 
 # %% ../nbs/03_rewards.ipynb #6e619f59
 def http_request(session, method: str, url: str, payload, headers: dict, timeout: float, retries: int, backoff: float,
-                 what: str):
-    "One HTTP call, retried with exponential backoff on connection errors, timeouts and 5xx; the response otherwise."
+                 what: str, retry_5xx: bool = True):
+    "One HTTP call, retried with exponential backoff on connection errors, timeouts and (if `retry_5xx`) 5xx; the response."
     import requests
     for attempt in range(retries + 1):
         if attempt: time.sleep(backoff * 2 ** (attempt - 1))
@@ -634,7 +634,7 @@ def http_request(session, method: str, url: str, payload, headers: dict, timeout
         except requests.Timeout: why = f"no answer within {timeout:g} s (raise timeout= if the reward is slow)"
         except requests.ConnectionError as e: why = f"cannot connect ({type(e).__name__}); is the server running at that address?"
         else:
-            if r.status_code < 500: return r
+            if r.status_code < 500 or not retry_5xx: return r
             why = f"HTTP {r.status_code}: {_error_of(r)}"
     raise RewardServiceError(f"{what}: {why} (tried {retries + 1} times).")
 
@@ -754,14 +754,14 @@ class VLMJudgeReward(Reward):
     def _headers(self): return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def check(self) -> None:
-        "The server answers and serves `model` (where it lists its models)."
+        "The server answers; a warning if it lists its models and `model` is not among them."
         r = http_request(self._session(), "GET", self.base_url + "/models", None, self._headers(), self.timeout,
-                         self.retries, self.backoff, f"VLM judge {self.base_url}")
+                         self.retries, self.backoff, f"VLM judge {self.base_url}", retry_5xx=False)
         if r.status_code == 401: raise RewardServiceError(f"VLM judge {self.base_url} refused the API key; pass api_key=.")
-        try: served = [m["id"] for m in r.json()["data"]] if r.status_code == 200 else None
-        except (ValueError, KeyError, TypeError): served = None
-        if served is not None and self.model not in served:
-            raise RewardServiceError(f"VLM judge {self.base_url} does not serve {self.model!r}; it serves {served}.")
+        try: served = [m["id"] for m in r.json()["data"]] if r.status_code == 200 else []
+        except (ValueError, KeyError, TypeError): served = []
+        if served and self.model not in served:   # vLLM/SGLang list what they serve; `transformers serve` loads on demand
+            warnings.warn(f"VLM judge {self.base_url} lists {served}, not {self.model!r}; its requests may fail.")
 
     def score(self, images, prompts, targets=None, sources=None):
         "One request per image, `max_workers` at a time; answers that cannot be read score `unparsed_score`."

@@ -21,8 +21,8 @@ from .hub import MODEL_INDEX, atomic_folder, check_folder, quiet_io
 
 # %% auto #0
 __all__ = ['RELEASE_IDS', 'TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'make_random_glm_image',
-           'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'color_rgb', 'palette_codes', 'codes_image',
-           'synthetic_scene', 'render_sign']
+           'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'make_tiny_vlm', 'color_rgb', 'palette_codes',
+           'codes_image', 'synthetic_scene', 'render_sign']
 
 # %% ../nbs/01_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -234,6 +234,44 @@ def make_tiny_ocr(path: str | Path, seed: int = 0) -> Path:
     gc.decoder_start_token_id, gc.pad_token_id, gc.eos_token_id, gc.bos_token_id = 1, 0, 2, 1
     proc = TrOCRProcessor(image_processor=ViTImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tok)
     return _save_atomically(path, [model, proc])
+
+def make_tiny_vlm(path: str | Path, seed: int = 0) -> Path:
+    "A tiny random LLaVA-style vision-language model that answers only yes or no, at `path` (for judges' tests)."
+    from tokenizers import decoders, pre_tokenizers
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    specials = ["<pad>", "<s>", "</s>", "<unk>", "<image>"]
+    words = ["yes", "no", "USER:", "ASSISTANT:"] + [chr(i) for i in range(33, 127)]
+    vocab = {t: i for i, t in enumerate(specials + words)}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.decoder = decoders.WordPiece(prefix="##")   # words joined by spaces
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                                  extra_special_tokens={"image_token": "<image>"})
+    template = ("{%- for m in messages -%}{{ m['role'] == 'user' and 'USER: ' or 'ASSISTANT: ' }}"
+                "{%- if m['content'] is string -%}{{ m['content'] }}{%- else -%}{%- for c in m['content'] -%}"
+                "{%- if c['type'] == 'image' -%}<image> {% elif c['type'] == 'text' -%}{{ c['text'] }} {% endif -%}"
+                "{%- endfor -%}{%- endif -%} {% endfor -%}{%- if add_generation_prompt -%}ASSISTANT:{%- endif -%}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        cfg = LlavaConfig(
+            vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                           image_size=32, patch_size=8),
+            text_config=LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                                    bos_token_id=1, eos_token_id=2, pad_token_id=0),
+            image_token_index=vocab["<image>"], vision_feature_layer=-1, vision_feature_select_strategy="default",
+            image_seq_length=(32 // 8) ** 2)
+        model = LlavaForConditionalGeneration(cfg)
+    gc = model.generation_config
+    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = 1, 2, 0
+    gc.suppress_tokens = [i for t, i in vocab.items() if t not in ("yes", "no")]   # the judge answers yes or no
+    proc = LlavaProcessor(image_processor=CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+                          tokenizer=tok, chat_template=template, patch_size=8, vision_feature_select_strategy="default",
+                          num_additional_image_tokens=1)
+    return _save_atomically(path, [model, proc])
+
 
 # %% ../nbs/01_tiny.ipynb #99cce612
 LEVELS = np.array([0, 85, 170, 255])

@@ -29,6 +29,9 @@ def slow(images, prompts, targets=None, sources=None):
 def one_short(images, prompts, targets=None, sources=None):
     return torch.zeros(len(images) - 1)
 
+def nan_scores(images, prompts, targets=None, sources=None):
+    return torch.full((len(images),), float("nan"))
+
 class Redder(RednessReward):
     name = "redder"
 '''
@@ -114,7 +117,69 @@ def test_wrong_length_answer(glm_grpo, tiny_path, user_rewards):
     assert trainer.step_count == 0 and all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_nan_scores_skip_the_step(glm_grpo, tiny_path, user_rewards):
+    with Server(glm_grpo, "user_rewards:nan_scores", cwd=user_rewards) as server:
+        trainer = trainer_with(tiny_path, RemoteReward(server.url))
+        before = adapters(trainer)
+        with pytest.warns(UserWarning, match="update skipped"):
+            res = trainer.step()
+    after = adapters(trainer)
+    assert res.skipped and trainer.skipped_total == 1 and all(torch.equal(before[k], after[k]) for k in before)
+
+
 def test_beyond_loopback_needs_a_token(glm_grpo):
     r = subprocess.run([glm_grpo, "serve-reward", "redness", "--host", "0.0.0.0", "--port", "0"], capture_output=True,
                        text=True, env={k: v for k, v in clean_env().items() if k != "GLM_GRPO_REWARD_TOKEN"}, timeout=120)
     assert r.returncode == 2 and "beyond loopback" in r.stderr and "--token" in r.stderr
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vlm_judge_against_transformers_serve(tmp_path):
+    "VLMJudgeReward against `transformers serve` running a tiny vision-language model built offline."
+    import os
+    import time
+    from pathlib import Path
+
+    import requests
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from glm_grpo_nb.rewards import VLMJudgeReward, evaluate_reward
+    from glm_grpo_nb.tiny import make_tiny_vlm
+    model_dir = make_tiny_vlm(tmp_path / "vlm")
+    (tmp_path / "hub").mkdir()
+    exe = Path(sys.executable).parent / "transformers"
+    port = free_port()
+    env = {**clean_env(), "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    proc = subprocess.Popen([str(exe), "serve", str(model_dir), "--port", str(port), "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        for _ in range(600):
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok: break
+            except requests.ConnectionError: pass
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.1)
+        images = [Image.new("RGB", (64, 64), c) for c in ("red", "blue", "white", "black", (10, 200, 90), "gray")]
+        prompts = ["red", "a blue sky", "snow", "night", "grass", "fog"]
+        judge = VLMJudgeReward(f"http://127.0.0.1:{port}/v1", str(model_dir), question="Is this {prompt}? Answer yes or no.",
+                               max_tokens=1, max_workers=3)
+        out = evaluate_reward(judge, images, prompts)
+        # the same questions asked of the same model in this process, greedy, as the server answers them
+        model, proc_ = AutoModelForImageTextToText.from_pretrained(model_dir), AutoProcessor.from_pretrained(model_dir)
+        want = []
+        for im, p in zip(images, prompts):
+            msgs = [{"role": "user", "content": [{"type": "image", "image": im},
+                                                 {"type": "text", "text": f"Is this {p}? Answer yes or no."}]}]
+            x = proc_.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt")
+            want.append(proc_.decode(model.generate(**x, max_new_tokens=1, do_sample=False)[0, -1:], skip_special_tokens=True))
+        assert out.texts["vlm_judge/answer"] == want and set(want) == {"yes", "no"}, (out.texts, want)
+        assert torch.equal(out.total, torch.tensor([float(a == "yes") for a in want]))
+    finally:
+        proc.terminate(); proc.wait(timeout=30)
