@@ -269,7 +269,8 @@ def train(
     from glm_grpo_nb.data import PromptDataset
     from glm_grpo_nb.policy import GlmImagePolicy
     from glm_grpo_nb.rewards import combine
-    from glm_grpo_nb.trainer import GRPOTrainer, _checkpoints
+    from glm_grpo_nb.checkpoint import checkpoints
+    from glm_grpo_nb.trainer import GRPOTrainer
     reward_fn = combine(parse_rewards(reward, reward_models))
     size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
     hub_data = not Path(prompts).expanduser().exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", prompts) and not targets and not sources
@@ -283,7 +284,7 @@ def train(
                                             ar_lora=ar_lora if config.train_ar else None,
                                             dit_lora=dit_lora if config.train_dit else None,
                                             device=device, lora_seed=config.seed)
-    if _checkpoints(Path(out) / "checkpoints"):
+    if checkpoints(Path(out) / "checkpoints"):
         try: trainer = GRPOTrainer.resume(out, policy, reward_fn, dataset, allow_changes=allowed, output_dir=out, **settings)
         except ValueError as e:
             raise ValueError(f"{e}\n(--out {out} holds that run: run with the flags it was trained with, pass "

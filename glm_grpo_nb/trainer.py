@@ -9,26 +9,26 @@ import collections
 import contextlib
 import json
 import math
-import os
-import pickle
-import random
-import shutil
+import signal
+import sys
+import threading
 import time
 import warnings
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from fastcore.basics import patch
 from PIL import Image
 from tqdm.auto import tqdm
 
+from .checkpoint import (checkpoints, damaged, identity_differences, read_checkpoint,
+                                    resolve_checkpoint, rng_state, run_identity, set_rng_state, truncate_metrics,
+                                    write_checkpoint)
 from .config import GRPOConfig
 from .data import PromptDataset, open_image
-from .hub import (RunLock, atomic_folder, check_digests, file_digests, mark_folder, model_size,
-                             remove_leftovers)
+from .hub import RunLock, mark_folder, model_size, remove_leftovers
 from .loss import aggregate, clipped_surrogate, gaussian_kl, group_advantages, kl_k3
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows, to_host
 from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward, reward_name
@@ -36,7 +36,7 @@ from .tokens import TokenRollout
 from .flow import LatentTrajectory
 
 # %% auto #0
-__all__ = ['Sample', 'StepResult', 'GRPOTrainer']
+__all__ = ['Sample', 'StepResult', 'GRPOTrainer', 'TrainingStopped', 'FitSummary']
 
 # %% ../nbs/05_trainer.ipynb #edebe9e3
 @dataclass
@@ -109,11 +109,6 @@ class StepResult:
         return {"image/png": base64.b64encode(buf.getvalue()).decode(), "text/plain": repr(self)}
 
 # %% ../nbs/05_trainer.ipynb #becb5b34
-def _checkpoints(folder: Path) -> list[Path]:
-    "Complete checkpoints in `folder`, oldest first."
-    if not folder.is_dir(): return []
-    return sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / "trainer_state.json").exists())
-
 def _as_dataset(data):
     if isinstance(data, PromptDataset): return data
     return PromptDataset(data)
@@ -174,7 +169,7 @@ class GRPOTrainer:
         self._lock = RunLock(d)
         weakref.finalize(self, self._lock.release)
         metrics = d / "metrics.jsonl"
-        if not resuming and (_checkpoints(d / "checkpoints") or (metrics.exists() and metrics.stat().st_size)):
+        if not resuming and (checkpoints(d / "checkpoints") or (metrics.exists() and metrics.stat().st_size)):
             self._lock.release()
             raise ValueError(f"GRPOTrainer: output_dir {d} already holds a run (metrics.jsonl or checkpoints); continue "
                              f"it with GRPOTrainer.resume({str(d)!r}, ...), or pass a new output_dir.")
@@ -483,6 +478,7 @@ def step(self: GRPOTrainer) -> StepResult:
     try: s = self.sample(prompts, targets, sources)
     except NonFiniteRewardError as e: error = e
     snap = self._snapshot()
+    self._finishing = True   # from here on a first Ctrl-C / SIGTERM lets the step finish (see `fit`)
     try:
         if not self._everywhere(error is None):
             self._count_skip(error or "a reward was not finite on another process")
@@ -501,6 +497,7 @@ def step(self: GRPOTrainer) -> StepResult:
     except BaseException:
         self._restore(snap)   # a failed write (disk full, read-only folder) or an interrupt: the step never happened
         raise
+    finally: self._finishing = False
     self.results.append(res)
     self.step_count += 1
     return res
@@ -544,10 +541,54 @@ def _write_row(self: GRPOTrainer, row: dict):
         raise
 
 # %% ../nbs/05_trainer.ipynb #5e6580e1
+class TrainingStopped(SystemExit):
+    "`fit` stopped by SIGINT/SIGTERM after checkpointing the last completed step; uncaught, exits with 128 + signal."
+    def __init__(self, signum: int, step: int, checkpoint: Path | None):
+        super().__init__(128 + signum)
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+
+class _StopOnSignals:
+    "While `fit` runs, the first SIGINT/SIGTERM asks it to stop; a second one stops at once."
+    # A first signal during sampling interrupts the step (which is then undone: steps are all or nothing); during the
+    # update and logging, the step finishes first. With several processes the first signal never interrupts: the
+    # processes agree after the step, so none is left waiting in a collective.
+    def __init__(self, trainer): self.trainer, self.signum, self.previous = trainer, None, {}
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM): self.previous[s] = signal.signal(s, self._handle)
+        return self
+    def __exit__(self, *exc):
+        for s, h in self.previous.items(): signal.signal(s, h)
+    def _handle(self, signum, frame):
+        first, t = self.signum is None, self.trainer
+        if first: self.signum = signum
+        if not first or (not getattr(t, "_finishing", False) and t.accelerator.num_processes == 1):
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+class FitSummary(list):
+    "The metrics rows of the steps `fit` ran (a list of dicts), shown as a few lines."
+    stopped_by: str | None = None
+    def __repr__(self):
+        rows = [r for r in self if "reward_mean" in r]
+        if not rows: return f"fit: {len(self)} steps" + (f", stopped by {self.stopped_by}" if self.stopped_by else "")
+        k = max(1, len(rows) // 4)
+        mean = lambda rs, key: sum(r.get(key, 0.0) for r in rs) / len(rs)
+        secs = [sum(v for key, v in r.items() if key.startswith("seconds/")) for r in rows]
+        lines = [f"fit: steps {rows[0]['step']}-{rows[-1]['step']} ({len(self)} steps, {sum(r.get('skipped', 0) > 0 for r in rows)} "
+                 f"skipped, {sum(secs) / len(secs):.2f} s/step)" + (f", stopped by {self.stopped_by}" if self.stopped_by else ""),
+                 f"reward {mean(rows[:k], 'reward_mean'):+.4f} (first {k}) -> {mean(rows[-k:], 'reward_mean'):+.4f} (last {k}), "
+                 f"std {rows[-1].get('reward_std', 0.0):.4f}, zero-std groups {mean(rows[-k:], 'zero_std_fraction'):.0%}"]
+        evals = [r for r in self if "eval/reward" in r]
+        if evals: lines.append(f"eval reward {evals[0]['eval/reward']:+.4f} -> {evals[-1]['eval/reward']:+.4f}")
+        return "\n".join(lines)
+
 @patch
 def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True, live: bool | None = None,
-        log_every: int = 10) -> list[dict]:
+        log_every: int = 10) -> FitSummary:
     "Run `num_steps` GRPO steps; returns their metrics. `callback(trainer, step_result)` runs after each step."
+    # Ctrl-C or SIGTERM: the step in flight is undone (or finished, if updating), the last completed step is
+    # checkpointed when there is an output_dir, and one line says so; then, outside a notebook, TrainingStopped
+    # (exit code 130 / 143) is raised, and in a notebook fit returns with the trainer ready to continue.
     from glm_grpo_nb.widgets import LivePlot, in_notebook
     if num_steps < 0: raise ValueError(f"fit: num_steps must be >= 0, got {num_steps}.")
     c = self.config
@@ -556,24 +597,57 @@ def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True,
     notebook = in_notebook()
     plot = LivePlot() if show and (live if live is not None else notebook) else None
     bar = tqdm(range(num_steps), desc="GRPO", disable=not show)
-    for i in bar:
-        res = self.step()
-        m = res.metrics
-        kl = m.get('ar/approx_kl', 0.0) + m.get('dit/approx_kl', 0.0)
-        bar.set_postfix(reward=f"{m.get('reward_mean', float('nan')):.4f}", kl=f"{kl:.2e}")
-        if plot is not None: plot(self, res)
-        elif show and not notebook and log_every and (i + 1) % log_every == 0:
-            tqdm.write(f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}, "
-                       f"approx KL {kl:.2e}, clip {m.get('ar/clip_fraction', 0.0) + m.get('dit/clip_fraction', 0.0):.3f}, "
-                       f"{sum(res.seconds.values()):.2f} s")
-        if c.eval_every and self.eval_dataset is not None and self.step_count % c.eval_every == 0:
-            ev = {f"eval/{k}": v for k, v in self.evaluate().items()}
-            self._write_row({"step": res.step, **ev})   # a row of its own in metrics.jsonl
-            self.history[-1].update(ev)
-        if c.save_every and self.output_dir is not None and self.step_count % c.save_every == 0:
-            self.save()
-        if callback is not None: callback(self, res)
-    return self.history[start:]
+    with _StopOnSignals(self) as stop:
+        for i in bar:
+            try:
+                res = self.step()
+                m = res.metrics
+                kl = m.get('ar/approx_kl', 0.0) + m.get('dit/approx_kl', 0.0)
+                bar.set_postfix(reward=f"{m.get('reward_mean', float('nan')):.4f}", kl=f"{kl:.2e}")
+                if plot is not None: plot(self, res)
+                elif show and not notebook and log_every and (i + 1) % log_every == 0:
+                    tqdm.write(f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}, "
+                               f"approx KL {kl:.2e}, clip {m.get('ar/clip_fraction', 0.0) + m.get('dit/clip_fraction', 0.0):.3f}, "
+                               f"{sum(res.seconds.values()):.2f} s")
+                if c.eval_every and self.eval_dataset is not None and self.step_count % c.eval_every == 0:
+                    ev = {f"eval/{k}": v for k, v in self.evaluate().items()}
+                    self._write_row({"step": res.step, **ev})   # a row of its own in metrics.jsonl
+                    self.history[-1].update(ev)
+                if c.save_every and self.output_dir is not None and self.step_count % c.save_every == 0:
+                    self.save()
+                if callback is not None: callback(self, res)
+            except KeyboardInterrupt:
+                if stop.signum is None: raise   # not a signal fit handles (raised by a callback, say)
+            if self._stop_agreed(stop.signum): break
+        bar.close()
+        summary = FitSummary(self.history[start:])
+        if stop.signum is None: return summary
+        return self._stopped(stop.signum, summary, notebook)
+
+@patch
+def _stop_agreed(self: GRPOTrainer, signum: int | None) -> int | None:
+    "The signal that stops every process (any process's), or None; one collective per step with several processes."
+    acc = self.accelerator
+    if acc.num_processes == 1: return signum
+    got = int(acc.reduce(torch.tensor([float(signum or 0)], device=acc.device), reduction="max").item())
+    return got or None
+
+@patch
+def _stopped(self: GRPOTrainer, signum: int, summary: FitSummary, notebook: bool):
+    "Checkpoint the last completed step (if there is an output_dir), say so in one line, then stop."
+    name = signal.Signals(signum).name
+    summary.stopped_by = name
+    saved = None
+    if self.output_dir is not None and self.step_count > 0:
+        done = checkpoints(self.output_dir / "checkpoints")
+        saved = done[-1] if done and done[-1].name == f"step-{self.step_count:06d}" else self.save()
+    if self.accelerator.is_main_process:
+        how = (f"saved {saved}; continue with GRPOTrainer.resume({str(self.output_dir)!r}, ...) or the same glm-grpo "
+               "train command" if saved else "nothing saved (no output_dir); call fit() again to continue")
+        print(f"{name}: stopped after {self.step_count} steps ({len(summary)} in this fit); {how}.", file=sys.stderr, flush=True)
+    if notebook: return summary
+    self.close()
+    raise TrainingStopped(signum, self.step_count, saved)
 
 @patch
 def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, float]:
@@ -592,16 +666,9 @@ def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, fl
     return res
 
 # %% ../nbs/05_trainer.ipynb #9ba11b87
-def _identity(policy, dataset: PromptDataset, reward_fn, ar_reward_fn=None, dit_reward_fn=None) -> dict:
-    "What a checkpoint must be resumed with: the base model and adapters, the data, the rewards."
-    rewards = {"reward_fn": reward_fn, "ar_reward_fn": reward_fn if ar_reward_fn is None else ar_reward_fn,
-               "dit_reward_fn": reward_fn if dit_reward_fn is None else dit_reward_fn}
-    return {"policy": policy.fingerprint(), "dataset": dataset.fingerprint(),
-            "reward": {k: reward_name(f) for k, f in rewards.items()}}
-
 @patch
 def _run_identity(self: GRPOTrainer) -> dict:
-    return _identity(self.policy, self.dataset, self.reward_fn, self.ar_reward_fn, self.dit_reward_fn)
+    return run_identity(self.policy, self.dataset, self.reward_fn, self.ar_reward_fn, self.dit_reward_fn)
 
 @patch
 def save(self: GRPOTrainer, directory: str | Path | None = None) -> Path | None:
@@ -614,81 +681,28 @@ def save(self: GRPOTrainer, directory: str | Path | None = None) -> Path | None:
     ours = self.output_dir is not None and directory.parent == self.output_dir / "checkpoints"
     if acc.is_main_process:
         if self._lock is not None: self._lock.check()
-        if ours: remove_leftovers(directory.parent)
-        with atomic_folder(directory, "checkpoint", "save") as tmp:
-            self.policy.save_adapters(tmp / "adapters")
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            state = {"step": self.step_count, "history": self.history, "consecutive_skips": self.consecutive_skips,
-                     "skipped_total": self.skipped_total, "config": self.config.to_dict(), "run": self._run_identity(),
-                     "rng": {"torch": torch.get_rng_state().tolist(), "python": list(random.getstate()[1]),
-                             "python_pos": random.getstate()[2], "numpy": np.random.get_state()[1].tolist(),
-                             "numpy_pos": int(np.random.get_state()[2])}}
-            (tmp / "trainer_state.json").write_text(json.dumps(state))
-            (tmp / "digests.json").write_text(json.dumps(file_digests(tmp)))   # every file above, checked on resume
-        if ours:
-            for old in _checkpoints(directory.parent)[:-self.config.keep_checkpoints]: shutil.rmtree(old, ignore_errors=True)
+        state = {"step": self.step_count, "history": self.history, "consecutive_skips": self.consecutive_skips,
+                 "skipped_total": self.skipped_total, "config": self.config.to_dict(), "run": self._run_identity(),
+                 "rng": rng_state()}
+        write_checkpoint(directory, self.policy, self.optimizer, state, keep=self.config.keep_checkpoints if ours else None)
     acc.wait_for_everyone()
     return directory
 
 # %% ../nbs/05_trainer.ipynb #22d2ac54
-def _resolve_checkpoint(directory) -> Path:
-    d = Path(directory)
-    if (d / "trainer_state.json").exists(): return d
-    found = _checkpoints(d / "checkpoints") or _checkpoints(d)
-    if not found: raise ValueError(f"resume: no complete checkpoint in {d}; pass a checkpoint folder (with trainer_state.json) or an output_dir.")
-    return found[-1]
-
-def _damaged(f: Path, e: Exception) -> ValueError:
-    others = [p.name for p in _checkpoints(f.parent.parent) if p != f.parent]
-    hint = f"resume from an earlier checkpoint ({', '.join(others)})" if others else "no other checkpoint is left"
-    return ValueError(f"resume: {f} cannot be read ({type(e).__name__}: {e}); the checkpoint is damaged, {hint}.")
-
-def _read_checkpoint(ckpt: Path) -> tuple[dict, dict]:
-    "trainer_state.json and the optimiser state, after checking every file against digests.json."
-    if (ckpt / "digests.json").exists():
-        try: digests = json.loads((ckpt / "digests.json").read_text())
-        except (OSError, ValueError) as e: raise _damaged(ckpt / "digests.json", e) from None
-        check_digests(ckpt, digests, "resume")
-    else: warnings.warn(f"resume: {ckpt} has no digests.json (written by an older version); its files are not verified.")
-    try: state = json.loads((ckpt / "trainer_state.json").read_text())
-    except (OSError, ValueError) as e: raise _damaged(ckpt / "trainer_state.json", e) from None
-    try: opt = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
-        raise _damaged(ckpt / "optimizer.pt", e) from None
-    return state, opt
-
-def _differences(stored: dict | None, now: dict) -> dict[str, str]:
-    "{what: 'stored -> now'} for the parts of a run's identity that differ."
-    if not stored: return {}
-    out, sp, np_ = {}, stored["policy"], now["policy"]
-    if (sp["base"], sp["load_in_4bit"]) != (np_["base"], np_["load_in_4bit"]):
-        desc = lambda p: f"{p['model']} ({'NF4' if p['load_in_4bit'] else 'full precision'}, fingerprint {p['base']})"
-        out["model"] = f"base model {desc(sp)} -> {desc(np_)}"
-    halves = sorted(set(sp["adapters"]) | set(np_["adapters"]))
-    changed = [f"{h} {k} {sp['adapters'].get(h, {}).get(k)} -> {np_['adapters'].get(h, {}).get(k)}" for h in halves
-               for k in sorted(set(sp["adapters"].get(h, {})) | set(np_["adapters"].get(h, {})))
-               if sp["adapters"].get(h, {}).get(k) != np_["adapters"].get(h, {}).get(k)]
-    if changed: out["adapters"] = "adapters: " + "; ".join(changed)
-    if stored["dataset"] != now["dataset"]:
-        out["dataset"] = f"dataset fingerprint {stored['dataset']} -> {now['dataset']} (other prompts or images)"
-    rs = [f"{k} {stored['reward'][k]!r} -> {now['reward'][k]!r}" for k in now["reward"] if stored["reward"].get(k) != now["reward"][k]]
-    if rs: out["reward"] = "rewards: " + "; ".join(rs)
-    return out
-
 @patch(cls_method=True)
 def resume(cls: GRPOTrainer, directory: str | Path, policy: GlmImagePolicy, reward_fn, dataset,
            allow_changes: tuple[str, ...] = (), **overrides) -> GRPOTrainer:
     "A trainer continuing exactly from a checkpoint (or the latest one in an output_dir); `overrides` change settings."
     # allow_changes: parts of the run that may differ from the checkpoint's ("model", "adapters", "dataset", "reward")
-    ckpt = _resolve_checkpoint(directory)
-    state, opt = _read_checkpoint(ckpt)
+    ckpt = resolve_checkpoint(directory)
+    state, opt = read_checkpoint(ckpt)
     if "output_dir" not in overrides and ckpt.parent.name == "checkpoints": overrides["output_dir"] = ckpt.parent.parent
     try: stored = GRPOConfig(**state["config"])
-    except (TypeError, ValueError, KeyError) as e: raise _damaged(ckpt / "trainer_state.json", e) from None
+    except (TypeError, ValueError, KeyError) as e: raise damaged(ckpt / "trainer_state.json", e) from None
     settings = {k: v for k, v in overrides.items() if k in stored.to_dict()}
     dataset = _as_dataset(dataset)
-    now = _identity(policy, dataset, reward_fn, overrides.get("ar_reward_fn"), overrides.get("dit_reward_fn"))
-    refused = {k: v for k, v in _differences(state.get("run"), now).items() if k not in allow_changes}
+    now = run_identity(policy, dataset, reward_fn, overrides.get("ar_reward_fn"), overrides.get("dit_reward_fn"))
+    refused = {k: v for k, v in identity_differences(state.get("run"), now).items() if k not in allow_changes}
     if refused:   # checked before the trainer exists: a refused resume takes no lock and loads nothing
         raise ValueError(f"resume: {ckpt} belongs to a run with another " + ", ".join(refused) + ":\n  "
                          + "\n  ".join(refused.values()) + f"\nResume with what the run was trained with, or pass "
@@ -704,25 +718,8 @@ def resume(cls: GRPOTrainer, directory: str | Path, policy: GlmImagePolicy, rewa
     trainer.step_count, trainer.history = state["step"], state["history"]
     trainer.consecutive_skips, trainer.skipped_total = state["consecutive_skips"], state["skipped_total"]
     trainer.changed_settings = {k: (getattr(stored, k), v) for k, v in settings.items() if getattr(stored, k) != v}
-    rng = state["rng"]
-    torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
-    random.setstate((3, tuple(rng["python"]), rng["python_pos"]))
-    np.random.set_state(("MT19937", np.array(rng["numpy"], dtype=np.uint32), rng["numpy_pos"], 0, 0.0))
+    set_rng_state(state["rng"])
     if trainer._lock is not None:   # this run's folder: drop what came after the checkpoint
-        trainer._truncate_metrics(trainer.step_count)
+        truncate_metrics(trainer.output_dir / "metrics.jsonl", trainer.step_count)
         remove_leftovers(trainer.output_dir / "checkpoints")
     return trainer
-
-@patch
-def _truncate_metrics(self: GRPOTrainer, step: int) -> None:
-    "Keep metrics.jsonl's rows of steps before `step` (a crashed run may have logged steps after its last checkpoint)."
-    f = self.output_dir / "metrics.jsonl"
-    if not f.exists(): return
-    keep = []
-    for line in f.read_text().splitlines():
-        try: row = json.loads(line)
-        except ValueError: continue   # a line cut short by the crash
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step: keep.append(line)
-    tmp = f.with_name(".metrics.jsonl.tmp")
-    tmp.write_text("".join(l + "\n" for l in keep))
-    os.replace(tmp, f)

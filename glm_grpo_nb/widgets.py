@@ -131,10 +131,16 @@ def plot_history(history: list[dict], fig=None):
     m = [r["reward_mean"] for r in h]; s = [r.get("reward_std", 0.0) for r in h]
     axes[0].plot(steps, m); axes[0].fill_between(steps, [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)], alpha=0.2)
     axes[0].set_title("reward mean ± std")
-    for half in ("ar", "dit"):
-        for key, ax in ((f"{half}/approx_kl", axes[1]), (f"{half}/kl", axes[1]), (f"{half}/clip_fraction", axes[2])):
-            if any(key in r for r in h): ax.plot(steps, [r.get(key, float("nan")) for r in h], label=key)
-    axes[1].set_title("KL"); axes[2].set_title("clip fraction")
+    moved = lambda keys: [k for k in keys if any(r.get(k, 0.0) != 0.0 for r in h)]
+    # on-policy (one inner epoch, no KL term) KL and clipping are exactly 0: those panels show what does move instead
+    kl = moved([f"{half}/{k}" for half in ("ar", "dit") for k in ("approx_kl", "kl")])
+    clip = moved([f"{half}/clip_fraction" for half in ("ar", "dit")])
+    panels = ((axes[1], kl, "KL") if kl else (axes[1], moved(["ar/grad_norm", "dit/grad_norm"]), "gradient norm (KL is 0 on-policy)"),
+              (axes[2], clip, "clip fraction") if clip else (axes[2], moved(["zero_std_fraction"]) or ["zero_std_fraction"],
+                                                             "groups with equal rewards (no clipping on-policy)"))
+    for ax, keys, title in panels:
+        for key in keys: ax.plot(steps, [r.get(key, float("nan")) for r in h], label=key)
+        ax.set_title(title, fontsize=9)
     for ax in axes[1:3]:
         if ax.lines: ax.legend(fontsize=7)
     phases = sorted({k for r in h for k in r if k.startswith("seconds/")})
