@@ -52,6 +52,8 @@ class GRPOConfig:
     num_inner_epochs: int = setting(1, "optimiser steps per sampled batch")
     micro_batch_size: int | None = setting(None, "samples per forward/backward in the update (default: all at once)")
     decode_batch: int = setting(2, "images the VAE decodes at once (at 1024x1024 each costs about 3 GB)")
+    ar_sample_batch: int | None = setting(None, "samples the AR draws at once (default: all of a step's)")
+    dit_sample_batch: int | None = setting(None, "samples the DiT denoises at once (default: all of a step's)")
     max_grad_norm: float = setting(1.0, "gradient-norm clipping, per half")
     optimizer: str = setting("adamw", "optimiser (adamw8bit: bitsandbytes' 8-bit AdamW)", ("adamw", "adamw8bit"))
     weight_decay: float = setting(0.0, "AdamW weight decay")
@@ -72,7 +74,8 @@ class GRPOConfig:
             if choices and getattr(self, f.name) not in choices:
                 raise self._bad(f.name, "one of " + ", ".join(map(repr, choices)))
         for name, low in (("group_size", 2), ("prompts_per_step", 1), ("top_k", 0), ("num_steps", 1),
-                          ("num_inner_epochs", 1), ("micro_batch_size", 1), ("decode_batch", 1), ("eval_every", 0), ("save_every", 0),
+                          ("num_inner_epochs", 1), ("micro_batch_size", 1), ("decode_batch", 1),
+                          ("ar_sample_batch", 1), ("dit_sample_batch", 1), ("eval_every", 0), ("save_every", 0),
                           ("keep_checkpoints", 1), ("seed", 0), ("max_consecutive_skips", 0), ("keep_results", 1)):
             self._integer(name, low)
         for name, low, strict in (("temperature", 0, True), ("noise_level", 0, False), ("guidance_scale", 0, False),

@@ -25,7 +25,7 @@ from .policy import GlmImagePolicy, generators, randn_rows, sample_seeds, to_hos
 if TYPE_CHECKING: from glm_grpo_nb.tokens import TokenRollout  # flow never imports tokens at run time
 
 # %% auto #0
-__all__ = ['sde_step', 'gaussian_logprob', 'step_logprob', 'LatentTrajectory']
+__all__ = ['sde_step', 'gaussian_logprob', 'step_logprob', 'LatentTrajectory', 'concat_trajectories']
 
 # %% ../nbs/02b_flow.ipynb #71126461
 def sde_step(
@@ -96,6 +96,23 @@ class LatentTrajectory:
     def regroup(self, group_size: int) -> "LatentTrajectory":
         "Undo `select`'s groups of one for rows that are whole groups in order (see `TokenRollout.regroup`)."
         return dataclasses.replace(self, rollout=self.rollout.regroup(group_size))
+
+# %% ../nbs/02b_flow.ipynb #8e7999e7
+def concat_trajectories(trajs: list[LatentTrajectory], pad_id: int) -> LatentTrajectory:
+    "Trajectories denoised in chunks as one, samples as groups of one (glyph embeddings left-padded with zeros)."
+    from glm_grpo_nb.tokens import concat_rollouts   # flow never imports tokens at import time
+    first = trajs[0]
+    if any(not torch.equal(t.stochastic, first.stochastic) or not torch.equal(t.sigmas, first.sigmas) for t in trajs):
+        raise ValueError("concat_trajectories: the trajectories have other schedules or stochastic steps; sample them alike.")
+    def embeds(name):
+        es = [getattr(t, name) for t in trajs]
+        if es[0] is None: return None
+        P = max(e.shape[1] for e in es)
+        return torch.cat([torch.cat([e.new_zeros(e.shape[0], P - e.shape[1], e.shape[2]), e], 1) for e in es])
+    return dataclasses.replace(first, rollout=concat_rollouts([t.rollout for t in trajs], pad_id),
+                               latents=torch.cat([t.latents for t in trajs]), logprobs=torch.cat([t.logprobs for t in trajs]),
+                               prompt_embeds=embeds("prompt_embeds"), embed_lengths=torch.cat([t.embed_lengths for t in trajs]),
+                               negative_prompt_embeds=embeds("negative_prompt_embeds"))
 
 # %% ../nbs/02b_flow.ipynb #c03e644a
 @patch

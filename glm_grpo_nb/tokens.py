@@ -19,7 +19,7 @@ from .hub import check_image_size, token_grid
 from .policy import GlmImagePolicy, generators, sample_seeds, to_host
 
 # %% auto #0
-__all__ = ['sampling_logits', 'GridLayout', 'TokenRollout']
+__all__ = ['sampling_logits', 'GridLayout', 'TokenRollout', 'concat_rollouts']
 
 # %% ../nbs/02a_tokens.ipynb #8435e1c0
 def sampling_logits(
@@ -176,6 +176,27 @@ class TokenRollout:
         return dataclasses.replace(self, prompts=self.prompts[::group_size], group_size=group_size,
                                    images=every(self.images), source_token_ids=every(self.source_token_ids),
                                    source_grid_thw=every(self.source_grid_thw))
+
+# %% ../nbs/02a_tokens.ipynb #2f5f5a1c
+def concat_rollouts(rollouts: list[TokenRollout], pad_id: int) -> TokenRollout:
+    "The samples of several rollouts of one size and sampling setting, in order, as one rollout of groups of one."
+    first = rollouts[0]
+    same = lambda r: (r.height, r.width, r.grid, r.preview_grid, r.temperature, r.top_k, r.top_p)
+    if any(same(r) != same(first) for r in rollouts):
+        raise ValueError("concat_rollouts: the rollouts differ in size or sampling settings; sample them alike.")
+    rs = [r.select(range(r.num_samples)) for r in rollouts]
+    L = max(r.prompt_len for r in rs)
+    pad = lambda x, value, n: torch.cat([x.new_full((x.shape[0], n), value), x], 1)
+    ids = torch.cat([pad(r.input_ids, pad_id, L - r.prompt_len) for r in rs])
+    mask = torch.cat([pad(r.attention_mask, 0, L - r.prompt_len) for r in rs])
+    seqs = torch.cat([pad(r.sequences, pad_id, L - r.prompt_len) for r in rs])
+    join = lambda name: None if getattr(rs[0], name) is None else [x for r in rs for x in getattr(r, name)]
+    cat = lambda name: torch.cat([getattr(r, name) for r in rs])
+    return dataclasses.replace(rs[0], prompts=join("prompts"), input_ids=ids, attention_mask=mask, sequences=seqs,
+                               image_grid_thw=cat("image_grid_thw"), images_per_sample=cat("images_per_sample"),
+                               completion_mask=cat("completion_mask"), logprobs=cat("logprobs"),
+                               prior_token_ids=cat("prior_token_ids"), images=join("images"),
+                               source_token_ids=join("source_token_ids"), source_grid_thw=join("source_grid_thw"))
 
 # %% ../nbs/02a_tokens.ipynb #4f578b58
 def _check_images(images, prompts):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import json
 import math
 import signal
@@ -32,11 +33,11 @@ from .hub import RunLock, mark_folder, model_size, remove_leftovers
 from .loss import aggregate, clipped_surrogate, gaussian_kl, group_advantages, kl_k3
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows, to_host
 from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward, reward_name
-from .tokens import TokenRollout
-from .flow import LatentTrajectory
+from .tokens import TokenRollout, concat_rollouts
+from .flow import LatentTrajectory, concat_trajectories
 
 # %% auto #0
-__all__ = ['Sample', 'StepResult', 'GRPOTrainer', 'TrainingStopped', 'FitSummary']
+__all__ = ['Sample', 'StepResult', 'GRPOTrainer', 'OutOfMemory', 'TrainingStopped', 'FitSummary']
 
 # %% ../nbs/05_trainer.ipynb #edebe9e3
 @dataclass
@@ -247,6 +248,46 @@ def _sample_seeds(self: GRPOTrainer, step: int, n: int, salt: int = 0) -> list[i
     first = self.accelerator.process_index * n
     return [mix_seed(self.config.seed, step, salt, first + i) for i in range(n)]
 
+# %% ../nbs/05_trainer.ipynb #42b5d909
+class OutOfMemory(RuntimeError):
+    "A phase of a GRPO step ran out of GPU memory even with a batch of one."
+
+_BATCH_OF = {"sample_ar": "ar_sample_batch", "sample_dit": "dit_sample_batch", "decode": "decode_batch",
+             "update": "micro_batch_size"}
+
+@patch
+def _retry_oom(self: GRPOTrainer, phase: str, n: int, run, before_retry=None):
+    "`run()`; on out-of-memory, halve the phase's batch setting (of `n` samples) and retry, keeping the smaller one."
+    name, tried = _BATCH_OF[phase], []
+    while True:
+        try: return run()
+        except torch.OutOfMemoryError as e:
+            size = min(getattr(self.config, name) or n, n)
+            tried.append(size)
+            gc.collect()
+            if torch.cuda.is_available(): torch.cuda.empty_cache()
+            if size <= 1:
+                raise OutOfMemory(f"out of memory in {phase} with {name}={' then '.join(map(str, tried))} ({e}). Lower "
+                                  f"what the step holds at once: height/width ({self.config.width}x{self.config.height}), "
+                                  f"group_size ({self.config.group_size}), prompts_per_step ({self.config.prompts_per_step}), "
+                                  f"num_steps ({self.config.num_steps}), or load the base weights in 4 bits; "
+                                  f"{self._plan_command()} shows what fits.") from None
+            self.config = self.config.replace(**{name: size // 2})
+            self._lowered = {**getattr(self, "_lowered", {}), name: size // 2}
+            warnings.warn(f"GRPO step {self.step_count}: out of memory in {phase} with {name}={size}; retrying with "
+                          f"{name}={size // 2}, kept for the rest of the run.")
+            if before_retry is not None: before_retry()
+
+@patch
+def _plan_command(self: GRPOTrainer) -> str:
+    "The `glm-grpo plan` command for this run's settings, with batches of one."
+    c = self.config
+    train = "both" if c.train_ar and c.train_dit else "ar" if c.train_ar else "dit"
+    window = f" --sde-window {' '.join(map(str, c.sde_window))}" if c.sde_window else ""
+    return (f"glm-grpo plan --height {c.height} --width {c.width} --group-size {c.group_size} --prompts-per-step "
+            f"{c.prompts_per_step} --{'' if self.policy.load_in_4bit else 'no-'}load-in-4bit --train {train} "
+            f"--micro-batch-size 1 --decode-batch 1 --num-steps {c.num_steps}{window} --guidance-scale {c.guidance_scale:g}")
+
 # %% ../nbs/05_trainer.ipynb #1021385a
 def _columns(dataset: PromptDataset, idx):
     "Prompts, targets (or None) and source lists (or None) of the dataset rows `idx`."
@@ -280,13 +321,14 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
     score = lambda reward_fn, images: evaluate_reward(reward_fn, images, ps, ts, ss, group_size=G)
     latent_kw = dict(num_steps=c.num_steps, sde_type=c.sde_type, sde_window=c.sde_window,
                      guidance_scale=c.guidance_scale, cps_logprob=c.cps_logprob)
+    decode = lambda traj: self._retry_oom("decode", len(ps), lambda: pol.decode(traj, self.config.decode_batch))
     with _timed(sec, "sample_ar"):
-        roll = pol.sample_tokens(prompts, G, c.height, c.width, images=sources, temperature=c.temperature,
-                                 top_k=c.top_k, top_p=c.top_p, seed=seeds(len(ps)))
+        roll = self._retry_oom("sample_ar", len(ps), lambda: self._sample_ar(prompts, sources, seeds(len(ps))))
     if c.mode == "joint":
         with _timed(sec, "sample_dit"):
-            traj = pol.sample_latents(roll, noise_level=c.noise_level, seed=seeds(len(ps), 1), **latent_kw)
-        with _timed(sec, "decode"): images = pol.decode(traj, c.decode_batch)
+            traj = self._retry_oom("sample_dit", len(ps), lambda: self._sample_dit(
+                roll, noise_level=c.noise_level, seed=seeds(len(ps), 1), **latent_kw))
+        with _timed(sec, "decode"): images = decode(traj)
         with _timed(sec, "reward"): reward = score(self.reward_fn, images)
         return Sample(ps, ts, ss, G, roll, traj, images, reward, seconds=sec)
     # decoupled: the AR group shares one noise per prompt and ODE steps; the DiT group shares one token sequence
@@ -294,13 +336,42 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
         vsf = pol.pipeline.vae_scale_factor
         shape = (len(prompts), pol.transformer.config.in_channels, c.height // vsf, c.width // vsf)
         noise = randn_rows(generators(seeds(len(prompts), 2)), shape[1:]).repeat_interleave(G, 0)
-        traj_ar = pol.sample_latents(roll, noise_level=0.0, initial_noise=noise, **latent_kw)
         firsts = roll.select([i * G for i in range(len(prompts)) for _ in range(G)]).regroup(G)
-        traj = pol.sample_latents(firsts, noise_level=c.noise_level, seed=seeds(len(ps), 1), **latent_kw)
-    with _timed(sec, "decode"): images, dit_images = pol.decode(traj_ar, c.decode_batch), pol.decode(traj, c.decode_batch)
+        traj_ar, traj = self._retry_oom("sample_dit", len(ps), lambda: (
+            self._sample_dit(roll, noise_level=0.0, initial_noise=noise, **latent_kw),
+            self._sample_dit(firsts, noise_level=c.noise_level, seed=seeds(len(ps), 1), **latent_kw)))
+    with _timed(sec, "decode"): images, dit_images = decode(traj_ar), decode(traj)
     with _timed(sec, "reward"):
         reward, dit_reward = score(self.ar_reward_fn, images), score(self.dit_reward_fn, dit_images)
     return Sample(ps, ts, ss, G, roll, traj, images, reward, dit_images, dit_reward, seconds=sec)
+
+def _chunks(n: int, size: int | None) -> list[list[int]]:
+    "Rows 0..n-1 in consecutive chunks of `size` (None: one chunk)."
+    size = n if size is None else max(1, min(size, n))
+    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+
+@patch
+def _sample_ar(self: GRPOTrainer, prompts, sources, seeds) -> TokenRollout:
+    "The AR's samples, `ar_sample_batch` at a time; each sample draws from its own seed, so chunks change nothing."
+    c, pol, G = self.config, self.policy, self.config.group_size
+    kw = dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+    n = len(prompts) * G
+    if c.ar_sample_batch is None or c.ar_sample_batch >= n:
+        return pol.sample_tokens(prompts, G, c.height, c.width, images=sources, seed=seeds, **kw)
+    ps, ss = _repeat(prompts, G), _repeat(sources, G)
+    parts = [pol.sample_tokens([ps[r] for r in rows], 1, c.height, c.width, seed=[seeds[r] for r in rows],
+                               images=None if ss is None else [ss[r] for r in rows], **kw) for rows in _chunks(n, c.ar_sample_batch)]
+    return concat_rollouts(parts, pol.processor.tokenizer.pad_token_id).regroup(G)
+
+@patch
+def _sample_dit(self: GRPOTrainer, roll: TokenRollout, seed=None, initial_noise=None, **kw) -> LatentTrajectory:
+    "The DiT's trajectories for `roll`, `dit_sample_batch` samples at a time."
+    b, n, pol = self.config.dit_sample_batch, roll.num_samples, self.policy
+    if b is None or b >= n: return pol.sample_latents(roll, seed=seed, initial_noise=initial_noise, **kw)
+    parts = [pol.sample_latents(roll.select(rows), seed=None if seed is None else [seed[r] for r in rows],
+                                initial_noise=None if initial_noise is None else initial_noise[rows], **kw)
+             for rows in _chunks(n, b)]
+    return concat_trajectories(parts, pol.processor.tokenizer.pad_token_id).regroup(roll.group_size)
 
 # %% ../nbs/05_trainer.ipynb #809cff2d
 @patch
@@ -474,7 +545,7 @@ def step(self: GRPOTrainer) -> StepResult:
     if self._lock is not None: self._lock.check()
     idx = self._batch_indices(self.step_count)
     prompts, targets, sources = _columns(self.dataset, idx)
-    s, error = None, None
+    s, error, self._lowered = None, None, {}
     try: s = self.sample(prompts, targets, sources)
     except NonFiniteRewardError as e: error = e
     snap = self._snapshot()
@@ -484,7 +555,9 @@ def step(self: GRPOTrainer) -> StepResult:
             self._count_skip(error or "a reward was not finite on another process")
             res = self._skipped_result(prompts)
         else:
-            metrics, adv, dit_adv, sec = self.update(s, snapshot=snap)
+            metrics, adv, dit_adv, sec = self._retry_oom("update", len(s.prompts), lambda: self.update(s, snapshot=snap),
+                                                         before_retry=lambda: self._restore(snap))
+            metrics.update({f"lowered/{k}": float(v) for k, v in self._lowered.items()})
             if metrics["skipped"]: self._count_skip(self.skip_reason)
             else: self.consecutive_skips = 0
             res = StepResult(step=self.step_count, prompts=s.prompts, images=s.images, targets=s.targets,
