@@ -625,7 +625,7 @@ class _StopOnSignals:
     # A first signal during sampling interrupts the step (which is then undone: steps are all or nothing); during the
     # update and logging, the step finishes first. With several processes the first signal never interrupts: the
     # processes agree after the step, so none is left waiting in a collective.
-    def __init__(self, trainer): self.trainer, self.signum, self.previous = trainer, None, {}
+    def __init__(self, trainer): self.trainer, self.signum, self.count, self.previous = trainer, None, 0, {}
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for s in (signal.SIGINT, signal.SIGTERM): self.previous[s] = signal.signal(s, self._handle)
@@ -633,7 +633,8 @@ class _StopOnSignals:
     def __exit__(self, *exc):
         for s, h in self.previous.items(): signal.signal(s, h)
     def _handle(self, signum, frame):
-        first, t = self.signum is None, self.trainer
+        self.count += 1
+        first, t = self.count == 1, self.trainer
         if first: self.signum = signum
         if not first or (not getattr(t, "_finishing", False) and t.accelerator.num_processes == 1):
             raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -670,6 +671,7 @@ def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True,
     notebook = in_notebook()
     plot = LivePlot() if show and (live if live is not None else notebook) else None
     bar = tqdm(range(num_steps), desc="GRPO", disable=not show)
+    agreed = None   # the signal every process stops for (with several processes, any one's)
     with _StopOnSignals(self) as stop:
         for i in bar:
             try:
@@ -690,12 +692,13 @@ def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True,
                     self.save()
                 if callback is not None: callback(self, res)
             except KeyboardInterrupt:
-                if stop.signum is None: raise   # not a signal fit handles (raised by a callback, say)
-            if self._stop_agreed(stop.signum): break
+                if stop.signum is None or stop.count > 1: raise   # not ours (a callback's, say), or a second signal
+            agreed = self._stop_agreed(stop.signum)
+            if agreed: break
         bar.close()
         summary = FitSummary(self.history[start:])
-        if stop.signum is None: return summary
-        return self._stopped(stop.signum, summary, notebook)
+        if agreed is None: return summary
+        return self._stopped(agreed, summary, notebook)
 
 @patch
 def _stop_agreed(self: GRPOTrainer, signum: int | None) -> int | None:
@@ -713,7 +716,9 @@ def _stopped(self: GRPOTrainer, signum: int, summary: FitSummary, notebook: bool
     saved = None
     if self.output_dir is not None and self.step_count > 0:
         done = checkpoints(self.output_dir / "checkpoints")
-        saved = done[-1] if done and done[-1].name == f"step-{self.step_count:06d}" else self.save()
+        # with several processes every one calls save (it waits for all); alone, a checkpoint of this step is kept
+        on_disk = self.accelerator.num_processes == 1 and done and done[-1].name == f"step-{self.step_count:06d}"
+        saved = done[-1] if on_disk else self.save()
     if self.accelerator.is_main_process:
         how = (f"saved {saved}; continue with GRPOTrainer.resume({str(self.output_dir)!r}, ...) or the same glm-grpo "
                "train command" if saved else "nothing saved (no output_dir); call fit() again to continue")

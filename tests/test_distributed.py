@@ -64,3 +64,16 @@ def test_two_process_fit_equals_one(tiny_path, tmp_path):
         assert [r["step"] for r in rows] == [0, 1]
         assert sorted(p.name for p in (tmp_path / d / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
         assert not (tmp_path / d / "run.lock").exists()   # released when the run ended
+
+
+def test_signal_to_one_process_stops_all_after_the_same_step(tiny_path, tmp_path):
+    "SIGTERM reaching one of two processes: both finish the step, agree, stop after it; one checkpoint, written once."
+    import json
+    script = Path(__file__).parent / "ddp_signal.py"
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(free_port()), str(script), str(tiny_path), str(tmp_path / "seen"), str(tmp_path / "run")])
+    seen = [json.loads((tmp_path / f"seen.{r}.json").read_text()) for r in (0, 1)]
+    assert seen == [{"code": 143, "step": 2}] * 2, seen
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000002"]
+    assert [json.loads(l)["step"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    assert not (tmp_path / "run" / "run.lock").exists()
