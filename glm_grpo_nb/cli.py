@@ -311,12 +311,10 @@ def serve_reward(
 ):
     "Serve rewards over HTTP for RemoteReward: models load once, JSON with PNG images, a token beyond loopback."
     import signal, threading
-    from glm_grpo_nb.rewards import TOKEN_ENV, combine, serve_reward as serve
-    token = token or os.environ.get(TOKEN_ENV) or None
-    if host not in ("127.0.0.1", "localhost", "::1") and not token:   # before any model loads
-        raise ValueError(f"serve-reward: --host {host} is beyond loopback; pass --token T (or set {TOKEN_ENV}).")
+    from glm_grpo_nb.rewards import RemoteReward, combine, listen_token, serve_reward as serve
+    token = listen_token(host, token, "serve-reward", "--token T")   # before any model loads
     parts = parse_rewards(reward, reward_models)
-    if any(re.match(r"https?://", str(getattr(r, "url", ""))) for r in parts):
+    if any(isinstance(r, RemoteReward) for r in parts):
         raise ValueError("serve-reward: serve rewards of this process, not other servers' URLs.")
     reward_fn = combine(parts)
     server = serve(reward_fn, host=host, port=port, token=token, background=True)

@@ -29,9 +29,9 @@ __all__ = ['REWARDS', 'TOKEN_ENV', 'JUDGE_QUESTIONS', 'Reward', 'reward_name', '
            'validate_scores', 'call_reward', 'evaluate_reward', 'images_to_tensor', 'ssim', 'MSEReward', 'PSNRReward',
            'SSIMReward', 'RednessReward', 'quoted_texts', 'edit_distance', 'substring_distance', 'text_score',
            'word_accuracy', 'RapidOCREngine', 'TransformersOCR', 'OCRReward', 'CLIPScoreReward', 'PickScoreReward',
-           'AestheticReward', 'PerceptualReward', 'load_reward', 'CombinedReward', 'combine', 'png_base64',
-           'image_from_base64', 'RewardServiceError', 'reward_app', 'RewardServer', 'serve_reward', 'http_request',
-           'RemoteReward', 'VLMJudgeReward']
+           'AestheticReward', 'PerceptualReward', 'load_reward', 'CombinedReward', 'combine', 'listen_token',
+           'png_base64', 'image_from_base64', 'RewardServiceError', 'reward_app', 'RewardServer', 'serve_reward',
+           'serve_app', 'http_request', 'RemoteReward', 'VLMJudgeReward']
 
 # %% ../nbs/03_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -203,26 +203,24 @@ def quoted_texts(prompt: str) -> list[str]:
     from diffusers import GlmImagePipeline
     return GlmImagePipeline.get_glyph_texts(None, prompt)[0]  # the method does not use `self`
 
-def edit_distance(a: str, b: str) -> int:
-    "Levenshtein distance (insertions, deletions, substitutions)."
-    if len(a) < len(b): a, b = b, a
-    prev = list(range(len(b) + 1))
+def _last_row(a: str, b: str, first: list[int]) -> list[int]:
+    "The last row of the Levenshtein table turning `a` into prefixes of `b`, starting from row `first`."
+    prev = first
     for i, ca in enumerate(a, 1):
-        cur = [i]
+        cur = [prev[0] + 1]
         for j, cb in enumerate(b, 1):
             cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
         prev = cur
-    return prev[-1]
+    return prev
+
+def edit_distance(a: str, b: str) -> int:
+    "Levenshtein distance (insertions, deletions, substitutions)."
+    if len(a) < len(b): a, b = b, a
+    return _last_row(a, b, list(range(len(b) + 1)))[-1]
 
 def substring_distance(text: str, reading: str) -> int:
     "The fewest edits that turn `text` into some substring of `reading` (0 when it appears there as is)."
-    prev = [0] * (len(reading) + 1)   # the match may start anywhere in the reading for free ...
-    for i, ct in enumerate(text, 1):
-        cur = [i]
-        for j, cr in enumerate(reading, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ct != cr)))
-        prev = cur
-    return min(prev)                  # ... and end anywhere
+    return min(_last_row(text, reading, [0] * (len(reading) + 1)))   # the match starts and ends anywhere for free
 
 def _squash(s: str) -> str: return "".join(s.lower().split())
 
@@ -507,9 +505,13 @@ def combine(weights: dict, normalize: bool = False) -> CombinedReward:
 TOKEN_ENV = "GLM_GRPO_REWARD_TOKEN"   # where serve_reward and RemoteReward look for the token when none is passed
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
-def _host_of(url: str) -> str:
-    from urllib.parse import urlsplit
-    return urlsplit(url).hostname or ""
+def listen_token(host: str, token: str | None, where: str, how: str = "token=") -> str | None:
+    "The token a server on `host` uses (`token`, else $GLM_GRPO_REWARD_TOKEN); beyond loopback one is required."
+    token = token or os.environ.get(TOKEN_ENV) or None
+    if host not in _LOOPBACK and not token:
+        raise ValueError(f"{where}: listening on {host}, beyond loopback, needs a token; pass {how} (or set {TOKEN_ENV}) "
+                         "and give the same token to RemoteReward.")
+    return token
 
 def png_base64(image: Image.Image) -> str:
     "A PIL image as base64 PNG text (lossless: the server sees exactly our pixels)."
@@ -601,14 +603,14 @@ class RewardServer:
 def serve_reward(reward, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, background: bool = False,
                  log_level: str = "warning", max_request_mb: float = 1024) -> RewardServer | None:
     "Serve `reward` over HTTP (see `reward_app`); beyond loopback a token is required. Foreground unless `background`."
+    token = listen_token(host, token, "serve_reward")
+    return serve_app(reward_app(reward, token, max_request_mb), host, port, background, log_level)
+
+def serve_app(app, host: str = "127.0.0.1", port: int = 8000, background: bool = False,
+              log_level: str = "warning") -> RewardServer | None:
+    "Run an ASGI `app` with uvicorn: in the foreground, or in a background thread (`port=0`: any free port)."
     import threading, uvicorn
-    token = token or os.environ.get(TOKEN_ENV) or None
-    if host not in _LOOPBACK and not token:
-        raise ValueError(f"serve_reward: listening on {host}, beyond loopback, needs a token; pass token= (or set "
-                         f"{TOKEN_ENV}) and give the same token to RemoteReward.")
-    config = uvicorn.Config(reward_app(reward, token, max_request_mb), host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
     if not background:
         server.run()
         return None
@@ -618,7 +620,7 @@ def serve_reward(reward, host: str = "127.0.0.1", port: int = 8000, token: str |
     while not server.started:
         if not thread.is_alive() or time.monotonic() - start > 60:
             server.should_exit = True
-            raise RewardServiceError(f"serve_reward: the server did not start on {host}:{port} (port in use?).")
+            raise RewardServiceError(f"serve_app: the server did not start on {host}:{port} (port in use?).")
         time.sleep(0.01)
     bound = server.servers[0].sockets[0].getsockname()[1]
     return RewardServer(server, thread, f"http://{'[' + host + ']' if ':' in host else host}:{bound}")
@@ -641,9 +643,8 @@ def http_request(session, method: str, url: str, payload, headers: dict, timeout
 def _numbers(values, what: str, n: int | None = None) -> list[float]:
     "`values` as a list of floats, else a ValueError: one number (int/float, NaN allowed) per image."
     if not isinstance(values, list): raise ValueError(f"{what} is a {type(values).__name__}, not a list of numbers")
-    bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))), None)
-    if bad is not None or None in values:
-        raise ValueError(f"{what} holds {bad!r}, not a number")
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))]
+    if bad: raise ValueError(f"{what} holds {bad[0]!r}, not a number")
     if n is not None and len(values) != n: raise ValueError(f"{what} has {len(values)} numbers for {n} images")
     return [float(v) for v in values]
 

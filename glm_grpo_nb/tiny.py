@@ -272,7 +272,6 @@ def make_tiny_vlm(path: str | Path, seed: int = 0) -> Path:
                           num_additional_image_tokens=1)
     return _save_atomically(path, [model, proc])
 
-
 # %% ../nbs/01_tiny.ipynb #99cce612
 LEVELS = np.array([0, 85, 170, 255])
 PALETTE = np.array([[r, g, b] for r in LEVELS for g in LEVELS for b in LEVELS], dtype=np.float32)  # [64, 3], code k = 16r+4g+b

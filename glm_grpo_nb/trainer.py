@@ -159,6 +159,7 @@ class GRPOTrainer:
             import bitsandbytes as bnb
             self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=c.weight_decay)
         self.step_count, self.history, self.consecutive_skips, self.skipped_total = 0, [], 0, 0
+        self._finishing, self._lowered = False, {}   # the step is updating (see `fit`); batches lowered this step
         self.results = collections.deque(maxlen=c.keep_results)
         if log_with:
             flat = {k: v for k, v in c.to_dict().items() if isinstance(v, (int, float, str, bool))}
@@ -273,7 +274,7 @@ def _retry_oom(self: GRPOTrainer, phase: str, n: int, run, before_retry=None):
                                   f"num_steps ({self.config.num_steps}), or load the base weights in 4 bits; "
                                   f"{self._plan_command()} shows what fits.") from None
             self.config = self.config.replace(**{name: size // 2})
-            self._lowered = {**getattr(self, "_lowered", {}), name: size // 2}
+            self._lowered[name] = size // 2
             warnings.warn(f"GRPO step {self.step_count}: out of memory in {phase} with {name}={size}; retrying with "
                           f"{name}={size // 2}, kept for the rest of the run.")
             if before_retry is not None: before_retry()
@@ -636,7 +637,7 @@ class _StopOnSignals:
         self.count += 1
         first, t = self.count == 1, self.trainer
         if first: self.signum = signum
-        if not first or (not getattr(t, "_finishing", False) and t.accelerator.num_processes == 1):
+        if not first or (not t._finishing and t.accelerator.num_processes == 1):
             raise KeyboardInterrupt(signal.Signals(signum).name)
 
 class FitSummary(list):
