@@ -168,7 +168,7 @@ def _velocity(self: GlmImagePolicy, x, t, prior, embeds, neg_embeds, guidance_sc
     n, dt = x.shape[0], self.dit_dtype
     size = torch.tensor([[height, width]], dtype=embeds.dtype, device=x.device).repeat(n, 1)
     crop = torch.zeros(n, 2, dtype=embeds.dtype, device=x.device)
-    timestep = self.on_device(t).expand(n) - 1
+    timestep = self.on_device(torch.as_tensor(t)).expand(n) - 1   # one timestep, or one per row
     kw = dict(hidden_states=x.to(dt), prior_token_id=prior, timestep=timestep, target_size=size, crop_coords=crop,
               return_dict=False)
     v = self.transformer(encoder_hidden_states=embeds, prior_token_drop=torch.zeros_like(prior, dtype=torch.bool),
@@ -197,6 +197,16 @@ def _length_groups(lengths: torch.Tensor, rows) -> dict[int, list[int]]:
     out = {}
     for r in rows: out.setdefault(int(lengths[r]), []).append(r)
     return out
+
+@patch
+def _conditions(self: GlmImagePolicy, traj: LatentTrajectory, rows):
+    "For each glyph length among `rows`: (those rows, glyph embeddings, empty-prompt glyphs, prior tokens, i2i cache)."
+    G = traj.rollout.group_size
+    for P, rs in _length_groups(traj.embed_lengths, rows).items():
+        cache = self._condition_cache(traj.rollout, [r // G for r in rs], self.dit_dtype) if traj.rollout.images else None
+        neg = None if traj.negative_prompt_embeds is None else traj.negative_prompt_embeds[rs]
+        yield (rs, self.on_device(traj.prompt_embeds[rs, -P:]), self.on_device(neg),
+               self.on_device(traj.rollout.prior_token_ids[rs]), cache)
 
 # %% ../nbs/02b_flow.ipynb #a617c7f4
 @patch
@@ -288,27 +298,21 @@ def latent_logprobs(
     traj: LatentTrajectory,
     micro_batch_size: int | None = None,  # samples per forward (None: all)
     return_means: bool = False,           # also return the step means [N, k, C, h, w] of the k stochastic steps
+    return_velocities: bool = False,      # also return the guided velocities [N, k, C, h, w] of those steps
 ):
     "Recompute the stochastic steps' log-probs [N, S] (0 for ODE steps) with gradients through the DiT adapters."
     N, S = traj.logprobs.shape
     mb = N if micro_batch_size is None else micro_batch_size
     if mb < 1: raise ValueError(f"latent_logprobs: micro_batch_size must be >= 1, got {micro_batch_size}.")
-    dev, steps, G = self.device, traj.window, traj.rollout.group_size
-    out, means = [], []
-    grad = torch.is_grad_enabled()
+    dev, steps = self.device, traj.window
+    out, means, vels, order = [], [], [], []
     was_training = self.transformer.training
-    self.transformer.train(grad)  # only so checkpointing engages; the DiT has no dropout
-    order = []
+    self.transformer.train(torch.is_grad_enabled())  # only so checkpointing engages; the DiT has no dropout
     try:
         for start in range(0, N, mb):
-            for P, rows in _length_groups(traj.embed_lengths, range(start, min(start + mb, N))).items():
-                cache = (self._condition_cache(traj.rollout, [r // G for r in rows], self.dit_dtype)
-                         if traj.rollout.images else None)
-                embeds = self.on_device(traj.prompt_embeds[rows, -P:])
-                neg = self.on_device(None if traj.negative_prompt_embeds is None else traj.negative_prompt_embeds[rows])
-                prior = self.on_device(traj.rollout.prior_token_ids[rows])
+            for rows, embeds, neg, prior, cache in self._conditions(traj, range(start, min(start + mb, N))):
                 lp = torch.zeros(len(rows), S, device=dev)
-                step_means = []
+                step_means, step_vels = [], []
                 for i in steps:
                     x, x_next = self.on_device(traj.latents[rows, i]), self.on_device(traj.latents[rows, i + 1])
                     v = self._velocity(x, traj.timesteps[i], prior, embeds, neg, traj.guidance_scale, cache,
@@ -316,11 +320,12 @@ def latent_logprobs(
                     mean, tau = sde_step(x, v, traj.sigmas[i].item(), traj.sigmas[i + 1].item(), traj.noise_level,
                                          traj.sde_type, traj.sigmas[1].item())
                     lp[:, i] = step_logprob(x_next, mean, tau, traj.cps_logprob)
-                    step_means.append(mean)
+                    step_means.append(mean); step_vels.append(v)
                 out.append(lp); order += rows
                 if return_means: means.append(torch.stack(step_means, 1))
+                if return_velocities: vels.append(torch.stack(step_vels, 1))
     finally:
         self.transformer.train(was_training)
     back = self.on_device(torch.argsort(torch.tensor(order)))   # rows were grouped by glyph length: back to their order
-    lp = torch.cat(out, 0)[back]
-    return (lp, torch.cat(means, 0)[back]) if return_means else lp
+    res = [torch.cat(out, 0)[back]] + [torch.cat(e, 0)[back] for e, on in ((means, return_means), (vels, return_velocities)) if on]
+    return res[0] if len(res) == 1 else tuple(res)
