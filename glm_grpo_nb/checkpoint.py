@@ -15,13 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from .hub import atomic_folder, check_digests, file_digests, remove_leftovers
 from .rewards import reward_name
 
 # %% auto #0
 __all__ = ['checkpoints', 'rng_state', 'set_rng_state', 'write_checkpoint', 'run_identity', 'resolve_checkpoint', 'damaged',
-           'read_checkpoint', 'identity_differences', 'truncate_metrics']
+           'read_checkpoint', 'identity_differences', 'read_tensors', 'truncate_metrics']
 
 # %% ../nbs/05b_checkpoint.ipynb #dff8c1d0
 def checkpoints(folder: Path) -> list[Path]:
@@ -42,14 +44,17 @@ def set_rng_state(rng: dict) -> None:
     random.setstate((3, tuple(rng["python"]), rng["python_pos"]))
     np.random.set_state(("MT19937", np.array(rng["numpy"], dtype=np.uint32), rng["numpy_pos"], 0, 0.0))
 
-def write_checkpoint(directory: Path, policy, optimizer, state: dict, keep: int | None = None) -> Path:
+def write_checkpoint(directory: Path, policy, optimizer, state: dict, keep: int | None = None,
+                     tensors: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
     "Write a checkpoint atomically: adapters, optimiser, `state` as trainer_state.json, digests; keep the newest `keep`."
+    # tensors: {name: {key: tensor}} written as name.safetensors (e.g. DiffusionNFT's old adapter), read by `read_tensors`
     # keep: prune older checkpoints beside `directory` (only in a run's own checkpoints/ folder), after this one is complete
     directory = Path(directory)
     if keep is not None: remove_leftovers(directory.parent)
     with atomic_folder(directory, "checkpoint", "save") as tmp:
         policy.save_adapters(tmp / "adapters")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        for name, ts in (tensors or {}).items(): save_file(ts, tmp / f"{name}.safetensors")
         (tmp / "trainer_state.json").write_text(json.dumps(state))
         (tmp / "digests.json").write_text(json.dumps(file_digests(tmp)))   # every file above, checked on resume
     if keep is not None:
@@ -108,6 +113,13 @@ def identity_differences(stored: dict | None, now: dict) -> dict[str, str]:
     rs = [f"{k} {stored['reward'][k]!r} -> {now['reward'][k]!r}" for k in now["reward"] if stored["reward"].get(k) != now["reward"][k]]
     if rs: out["reward"] = "rewards: " + "; ".join(rs)
     return out
+
+def read_tensors(ckpt: Path, name: str) -> dict[str, torch.Tensor] | None:
+    "The tensors `write_checkpoint` wrote as name.safetensors (checked by `read_checkpoint`'s digests), or None."
+    f = ckpt / f"{name}.safetensors"
+    if not f.exists(): return None
+    try: return load_file(f)
+    except (OSError, SafetensorError) as e: raise damaged(f, e) from None
 
 # %% ../nbs/05b_checkpoint.ipynb #a7e0658e
 def truncate_metrics(f: Path, step: int) -> None:

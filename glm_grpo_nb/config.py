@@ -19,6 +19,9 @@ def setting(default, help: str, choices: tuple | None = None):
     "A `GRPOConfig` field: its default, the line of help the CLI shows, and its allowed values when there are few."
     return field(default=default, metadata={"help": help, "choices": choices})
 
+# settings whose default depends on the DiT's objective
+_BY_OBJECTIVE = {"guidance_scale": {"flow_grpo": 1.5, "nft": 1.0}, "kl_type": {"flow_grpo": "mean", "nft": "velocity"}}
+
 @dataclass
 class GRPOConfig:
     "Every setting of a GRPO run; validated when made, read by the trainer, stored in checkpoints, offered by the CLI."
@@ -37,10 +40,13 @@ class GRPOConfig:
                                "squared (Flow-GRPO's CPS form; log-ratios 2 tau^2 times the density's)",
                                ("density", "squared"))
     sde_window: list[int] | None = setting(None, "stochastic (trained) denoising steps (default: the first quarter)")
-    guidance_scale: float = setting(1.5, "DiT classifier-free guidance (<= 1: the conditional branch only)")
+    guidance_scale: float | None = setting(None, "DiT classifier-free guidance (<= 1: the conditional branch only; "
+                                           "default 1.5 with flow_grpo, 1.0 with nft)")
     # what trains, and how
     train_ar: bool = setting(True, "update the AR adapters")
     train_dit: bool = setting(True, "update the DiT adapters")
+    dit_objective: str = setting("flow_grpo", "the DiT's objective: flow_grpo (SDE steps' log-probs, PPO clip) or nft "
+                                 "(DiffusionNFT: the forward process of the clean samples; ODE sampling)", ("flow_grpo", "nft"))
     mode: str = setting("joint", "joint: one group for both halves; decoupled: a group per half",
                         ("joint", "decoupled"))
     lr: float = setting(1e-4, "learning rate of both halves unless ar_lr / dit_lr are given")
@@ -49,6 +55,15 @@ class GRPOConfig:
     clip_range: float = setting(0.2, "PPO clip range epsilon")
     clip_range_high: float | None = setting(None, "upper clip range, DAPO's clip-higher (default: clip_range)")
     kl_coef: float = setting(0.0, "weight of the KL to the adapters-off reference")
+    kl_type: str | None = setting(None, "the DiT's KL: mean (of the SDE step, closed form) or velocity; default mean "
+                                  "with flow_grpo, velocity with nft", ("mean", "velocity"))
+    nft_beta: float = setting(1.0, "DiffusionNFT beta: how far the implicit positive and negative policies sit from the old one")
+    nft_adv_clip: float = setting(5.0, "DiffusionNFT advantage clip A_max: r = clip(A, -A_max, A_max) / (2 A_max) + 1/2")
+    nft_timesteps: int | None = setting(None, "DiffusionNFT noise levels trained per sample and step, drawn from the "
+                                        "sampling schedule (default: all num_steps)")
+    nft_decay_rate: float = setting(0.001, "old policy: old <- d old + (1 - d) new after each step, d rising by this per step")
+    nft_decay_max: float = setting(0.5, "old policy: the largest decay d")
+    nft_decay_warmup: int = setting(0, "old policy: steps with d = 0 (the old policy is the last one) before d rises")
     num_inner_epochs: int = setting(1, "optimiser steps per sampled batch")
     micro_batch_size: int | None = setting(None, "samples per forward/backward in the update (default: all at once)")
     decode_batch: int = setting(2, "images the VAE decodes at once (at 1024x1024 each costs about 3 GB)")
@@ -67,8 +82,13 @@ class GRPOConfig:
     seed: int = setting(0, "everything random derives from (seed, step)")
     max_consecutive_skips: int = setting(3, "skipped (non-finite) updates in a row before training stops")
     keep_results: int = setting(8, "last step results kept in memory, images included, for show_history")
+    diversity_warning: float = setting(0.5, "warn once when a step's within-group image diversity falls below this "
+                                       "fraction of the first step's (a sign of reward hacking; 0: never)")
 
     def __post_init__(self):
+        nft = self.dit_objective == "nft"
+        for name, default in _BY_OBJECTIVE.items():
+            if getattr(self, name) is None: setattr(self, name, default.get(self.dit_objective))
         for f in dataclasses.fields(self):
             choices = f.metadata["choices"]
             if choices and getattr(self, f.name) not in choices:
@@ -76,12 +96,14 @@ class GRPOConfig:
         for name, low in (("group_size", 2), ("prompts_per_step", 1), ("top_k", 0), ("num_steps", 1),
                           ("num_inner_epochs", 1), ("micro_batch_size", 1), ("decode_batch", 1),
                           ("ar_sample_batch", 1), ("dit_sample_batch", 1), ("eval_every", 0), ("save_every", 0),
-                          ("keep_checkpoints", 1), ("seed", 0), ("max_consecutive_skips", 0), ("keep_results", 1)):
+                          ("keep_checkpoints", 1), ("seed", 0), ("max_consecutive_skips", 0), ("keep_results", 1),
+                          ("nft_timesteps", 1), ("nft_decay_warmup", 0)):
             self._integer(name, low)
         for name, low, strict in (("temperature", 0, True), ("noise_level", 0, False), ("guidance_scale", 0, False),
                                   ("lr", 0, True), ("ar_lr", 0, False), ("dit_lr", 0, False), ("clip_range", 0, True),
                                   ("clip_range_high", 0, True), ("kl_coef", 0, False), ("max_grad_norm", 0, True),
-                                  ("weight_decay", 0, False)):
+                                  ("weight_decay", 0, False), ("nft_beta", 0, True), ("nft_adv_clip", 0, True),
+                                  ("nft_decay_rate", 0, False), ("nft_decay_max", 0, False), ("diversity_warning", 0, False)):
             self._number(name, low, strict)
         if not (self._finite(self.top_p) and 0 < self.top_p <= 1): raise self._bad("top_p", "in (0, 1]")
         for name in ("train_ar", "train_dit"):
@@ -91,9 +113,18 @@ class GRPOConfig:
         if self.cps_logprob == "squared" and self.sde_type != "cps":
             raise ValueError("GRPOConfig: cps_logprob='squared' is Flow-GRPO's form of the cps step; pass "
                              "sde_type='cps' with it, or keep cps_logprob='density'.")
-        if self.train_dit and self.noise_level == 0:
+        if self.nft_decay_max >= 1: raise self._bad("nft_decay_max", "below 1 (at 1 the old policy would never move)")
+        if self.diversity_warning >= 1: raise self._bad("diversity_warning", "a fraction below 1")
+        if nft and self.kl_type != "velocity":
+            raise ValueError("GRPOConfig: dit_objective='nft' has no SDE steps whose means a KL could compare; its KL is "
+                             "on the velocity: pass kl_type='velocity' (or leave it unset).")
+        if nft and self.nft_timesteps is not None and self.nft_timesteps > self.num_steps:
+            raise ValueError(f"GRPOConfig: nft_timesteps={self.nft_timesteps} is more than the schedule's num_steps="
+                             f"{self.num_steps} noise levels; pass at most {self.num_steps}.")
+        if self.train_dit and not nft and self.noise_level == 0:
             raise ValueError("GRPOConfig: noise_level=0 makes every denoising step deterministic, so the DiT has no "
-                             "log-probs to train; pass noise_level > 0 (e.g. 0.7) or train_dit=False.")
+                             "log-probs to train; pass noise_level > 0 (e.g. 0.7), dit_objective='nft' (which samples with the ODE), or "
+                             "train_dit=False.")
         if self.height is not None or self.width is not None:
             check_image_size(IMAGE_BLOCK if self.height is None else self.height,
                              IMAGE_BLOCK if self.width is None else self.width, "GRPOConfig")
@@ -119,6 +150,9 @@ class GRPOConfig:
         if unknown:
             raise ValueError(f"unknown setting(s) {', '.join(unknown)}; GRPOConfig has "
                              f"{', '.join(f.name for f in dataclasses.fields(self))}.")
+        if "dit_objective" in changes:   # a setting left at the old objective's default takes the new one's
+            for name, default in _BY_OBJECTIVE.items():
+                if name not in changes and getattr(self, name) == default.get(self.dit_objective): changes[name] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict: return dataclasses.asdict(self)

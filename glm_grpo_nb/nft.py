@@ -7,7 +7,6 @@ trajectories, any sampler, no classifier-free guidance."""
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 
 import torch

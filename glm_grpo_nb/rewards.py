@@ -27,11 +27,11 @@ from .loss import group_advantages
 # %% auto #0
 __all__ = ['REWARDS', 'TOKEN_ENV', 'JUDGE_QUESTIONS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError',
            'validate_scores', 'call_reward', 'evaluate_reward', 'images_to_tensor', 'ssim', 'MSEReward', 'PSNRReward',
-           'SSIMReward', 'RednessReward', 'quoted_texts', 'edit_distance', 'substring_distance', 'text_score',
-           'word_accuracy', 'RapidOCREngine', 'TransformersOCR', 'OCRReward', 'CLIPScoreReward', 'PickScoreReward',
-           'AestheticReward', 'PerceptualReward', 'load_reward', 'CombinedReward', 'combine', 'listen_token',
-           'png_base64', 'image_from_base64', 'RewardServiceError', 'reward_app', 'RewardServer', 'serve_reward',
-           'serve_app', 'http_request', 'RemoteReward', 'VLMJudgeReward']
+           'SSIMReward', 'RednessReward', 'group_diversity', 'quoted_texts', 'edit_distance', 'substring_distance',
+           'text_score', 'word_accuracy', 'RapidOCREngine', 'TransformersOCR', 'OCRReward', 'CLIPScoreReward',
+           'PickScoreReward', 'AestheticReward', 'PerceptualReward', 'load_reward', 'CombinedReward', 'combine',
+           'listen_token', 'png_base64', 'image_from_base64', 'RewardServiceError', 'reward_app', 'RewardServer',
+           'serve_reward', 'serve_app', 'http_request', 'RemoteReward', 'VLMJudgeReward']
 
 # %% ../nbs/03_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -196,6 +196,16 @@ class RednessReward(Reward):
     def score(self, images, prompts, targets=None, sources=None):
         x = torch.stack([images_to_tensor([im])[0].mean(dim=(1, 2)) for im in images])
         return x[:, 0] - (x[:, 1] + x[:, 2]) / 2
+
+# %% ../nbs/03_rewards.ipynb #5f5b60c9
+def group_diversity(images: list[Image.Image], group_size: int, size: int = 32) -> torch.Tensor:
+    "[num_groups] mean pairwise RMS distance between the images of each group (downscaled to size x size, in [0, 1])."
+    if group_size < 2 or len(images) % group_size:
+        raise ValueError(f"group_diversity: {len(images)} images cannot be split into groups of {group_size} (>= 2).")
+    x = images_to_tensor([im.convert("RGB").resize((size, size), Image.BILINEAR) for im in images])
+    x = x.flatten(1).view(-1, group_size, 3 * size * size)
+    d = torch.cdist(x, x) / math.sqrt(x.shape[-1])                  # [groups, G, G] RMS distances
+    return d.sum((1, 2)) / (group_size * (group_size - 1))
 
 # %% ../nbs/03_rewards.ipynb #37a941b1
 def quoted_texts(prompt: str) -> list[str]:

@@ -24,7 +24,7 @@ from fastcore.basics import patch
 from PIL import Image
 from tqdm.auto import tqdm
 
-from .checkpoint import (checkpoints, damaged, identity_differences, read_checkpoint,
+from .checkpoint import (checkpoints, damaged, identity_differences, read_checkpoint, read_tensors,
                                     resolve_checkpoint, rng_state, run_identity, set_rng_state, truncate_metrics,
                                     write_checkpoint)
 from .config import GRPOConfig
@@ -32,9 +32,10 @@ from .data import PromptDataset, open_image
 from .hub import RunLock, mark_folder, model_size, remove_leftovers
 from .loss import aggregate, clipped_surrogate, gaussian_kl, group_advantages, kl_k3
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows, to_host
-from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward, reward_name
+from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward, group_diversity, reward_name
 from .tokens import TokenRollout, concat_rollouts
 from .flow import LatentTrajectory, concat_trajectories
+from .nft import NFTPoints, OldAdapter, nft_decay, nft_loss, nft_optimality, nft_points
 
 # %% auto #0
 __all__ = ['Sample', 'StepResult', 'GRPOTrainer', 'OutOfMemory', 'TrainingStopped', 'FitSummary']
@@ -125,6 +126,7 @@ class GRPOTrainer:
         ar_reward_fn=None,           # reward for the AR half (default: reward_fn)
         dit_reward_fn=None,          # reward for the DiT half (default: reward_fn)
         eval_prompts=None,           # prompts (or dataset) for `evaluate()`
+        eval_reward=None,            # a held-out reward `evaluate()` also scores with (not trained on: shows reward hacking)
         output_dir: str | Path | None = None,  # metrics.jsonl and checkpoints
         log_with=None,               # accelerate trackers, e.g. "tensorboard" or "wandb"
         accelerator=None,            # an accelerate.Accelerator; default: a new one
@@ -137,6 +139,7 @@ class GRPOTrainer:
         self.dit_reward_fn = reward_fn if dit_reward_fn is None else dit_reward_fn
         self.dataset = _as_dataset(dataset)
         self.eval_dataset = _as_dataset(eval_prompts) if eval_prompts is not None else None
+        self.eval_reward = eval_reward
         c = (GRPOConfig() if config is None else config).replace(**settings)
         if c.height is None or c.width is None:
             w, h = self._default_size()
@@ -150,6 +153,9 @@ class GRPOTrainer:
         named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
         self.ar_params = [p for n, p in named if n.startswith("vision_language_encoder.")]
         self.dit_params = [p for n, p in named if n.startswith("transformer.")]
+        # DiffusionNFT's old policy: a copy of the DiT's LoRA weights that samples and anchors the implicit policies
+        self.old_dit = (OldAdapter([(n, p) for n, p in named if n.startswith("transformer.")])
+                        if c.train_dit and c.dit_objective == "nft" else None)
         lr_of = lambda half_lr: c.lr if half_lr is None else half_lr   # 0.0 is a learning rate, not "unset"
         groups = []
         if c.train_ar: groups.append({"params": self.ar_params, "lr": lr_of(c.ar_lr), "name": "ar"})
@@ -160,6 +166,7 @@ class GRPOTrainer:
             self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=c.weight_decay)
         self.step_count, self.history, self.consecutive_skips, self.skipped_total = 0, [], 0, 0
         self._finishing, self._lowered = False, {}   # the step is updating (see `fit`); batches lowered this step
+        self._diversity_warned = False
         self.results = collections.deque(maxlen=c.keep_results)
         if log_with:
             flat = {k: v for k, v in c.to_dict().items() if isinstance(v, (int, float, str, bool))}
@@ -200,14 +207,16 @@ class GRPOTrainer:
         if data.has_sources and len({len(e.sources or []) for e in data.examples}) != 1:
             raise ValueError("GRPOTrainer: every row of an i2i dataset needs source images.")
         checked = set()
-        for role, fn in (("reward_fn", self.reward_fn), ("ar_reward_fn", self.ar_reward_fn),
-                         ("dit_reward_fn", self.dit_reward_fn)):
+        for role, fn, rows in (("reward_fn", self.reward_fn, data), ("ar_reward_fn", self.ar_reward_fn, data),
+                               ("dit_reward_fn", self.dit_reward_fn, data),
+                               ("eval_reward", self.eval_reward, self.eval_dataset or data)):
+            if fn is None: continue
             if id(fn) not in checked and hasattr(fn, "check"): fn.check()   # e.g. a reward server that is down
             checked.add(id(fn))
-            for need, n in data.unmet_needs(fn).items():
+            for need, n in rows.unmet_needs(fn).items():
                 raise ValueError(f"GRPOTrainer: {role} {reward_name(fn)!r} needs {need[:-1]} images, but "
-                                 f"{'not every row' if n else 'no row'} of the dataset has one; give every prompt a "
-                                 f"{need[:-1]} (a '{need[:-1]}' column) or use a reward without them.")
+                                 f"{'not every row' if n else 'no row'} of the {'eval prompts' if rows is not data else 'dataset'} "
+                                 f"has one; give every prompt a {need[:-1]} (a '{need[:-1]}' column) or use a reward without them.")
         if data.size is not None and data.has_targets and data.size != (c.width, c.height):
             raise ValueError(f"GRPOTrainer: the dataset resizes images to {data.size[0]}x{data.size[1]} but images are "
                              f"generated at {c.width}x{c.height}; build it with resize=({c.width}, {c.height}).")
@@ -322,13 +331,16 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
     score = lambda reward_fn, images: evaluate_reward(reward_fn, images, ps, ts, ss, group_size=G)
     latent_kw = dict(num_steps=c.num_steps, sde_type=c.sde_type, sde_window=c.sde_window,
                      guidance_scale=c.guidance_scale, cps_logprob=c.cps_logprob)
+    # Flow-GRPO trains on the SDE steps it samples; DiffusionNFT samples with the ODE and the old adapter
+    dit_noise = 0.0 if c.dit_objective == "nft" else c.noise_level
+    old = self.old_dit.swapped if self.old_dit is not None else contextlib.nullcontext
     decode = lambda traj: self._retry_oom("decode", len(ps), lambda: pol.decode(traj, self.config.decode_batch))
     with _timed(sec, "sample_ar"):
         roll = self._retry_oom("sample_ar", len(ps), lambda: self._sample_ar(prompts, sources, seeds(len(ps))))
     if c.mode == "joint":
         with _timed(sec, "sample_dit"):
-            traj = self._retry_oom("sample_dit", len(ps), lambda: self._sample_dit(
-                roll, noise_level=c.noise_level, seed=seeds(len(ps), 1), **latent_kw))
+            with old(): traj = self._retry_oom("sample_dit", len(ps), lambda: self._sample_dit(
+                roll, noise_level=dit_noise, seed=seeds(len(ps), 1), **latent_kw))
         with _timed(sec, "decode"): images = decode(traj)
         with _timed(sec, "reward"): reward = score(self.reward_fn, images)
         return Sample(ps, ts, ss, G, roll, traj, images, reward, seconds=sec)
@@ -338,9 +350,10 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
         shape = (len(prompts), pol.transformer.config.in_channels, c.height // vsf, c.width // vsf)
         noise = randn_rows(generators(seeds(len(prompts), 2)), shape[1:]).repeat_interleave(G, 0)
         firsts = roll.select([i * G for i in range(len(prompts)) for _ in range(G)]).regroup(G)
-        traj_ar, traj = self._retry_oom("sample_dit", len(ps), lambda: (
-            self._sample_dit(roll, noise_level=0.0, initial_noise=noise, **latent_kw),
-            self._sample_dit(firsts, noise_level=c.noise_level, seed=seeds(len(ps), 1), **latent_kw)))
+        def both():
+            traj_ar = self._sample_dit(roll, noise_level=0.0, initial_noise=noise, **latent_kw)
+            with old(): return traj_ar, self._sample_dit(firsts, noise_level=dit_noise, seed=seeds(len(ps), 1), **latent_kw)
+        traj_ar, traj = self._retry_oom("sample_dit", len(ps), both)
     with _timed(sec, "decode"): images, dit_images = decode(traj_ar), decode(traj)
     with _timed(sec, "reward"):
         reward, dit_reward = score(self.ar_reward_fn, images), score(self.dit_reward_fn, dit_images)
@@ -385,6 +398,13 @@ def _global_advantages(self: GRPOTrainer, rewards: torch.Tensor):
     return adv[acc.process_index * n:(acc.process_index + 1) * n], stats, full
 
 @patch
+def _diversity(self: GRPOTrainer, images) -> float:
+    "Mean within-group diversity of this step's images, over every process's groups."
+    local = group_diversity(images, self.config.group_size).mean()
+    acc = self.accelerator
+    return (acc.reduce(local.to(acc.device), reduction="mean").item() if acc.num_processes > 1 else local.item())
+
+@patch
 def _reduce_grads(self: GRPOTrainer, params):
     acc = self.accelerator
     if acc.num_processes == 1: return
@@ -416,30 +436,67 @@ def _ar_loss(self: GRPOTrainer, roll, adv, ref_lp, old_lp):
     return loss, m
 
 @patch
-def _dit_loss(self: GRPOTrainer, traj, adv, ref_means, old_lp=None):
-    c, kl_on, dev = self.config, ref_means is not None, self.policy.on_device
-    out = self.policy.latent_logprobs(traj, return_means=kl_on)
-    lp, means = out if kl_on else (out, None)
+def _dit_loss(self: GRPOTrainer, traj, adv, ref, old_lp=None):
+    "Flow-GRPO: the clipped surrogate over the stochastic steps (+ KL on their means or velocities to the reference)."
+    c, kl_on, dev = self.config, ref is not None, self.policy.on_device
+    velocity_kl = c.kl_type == "velocity"
+    out = self.policy.latent_logprobs(traj, return_means=kl_on and not velocity_kl, return_velocities=kl_on and velocity_kl)
+    lp, extra = out if kl_on else (out, None)
     mask = dev(traj.stochastic[None].expand(lp.shape[0], -1))
     loss, m = clipped_surrogate(lp, dev(traj.logprobs), dev(adv), mask=mask, clip_range=c.clip_range,
                                 clip_range_high=c.clip_range_high, aggregation=c.aggregation)
     if kl_on:
-        kl = gaussian_kl(means, dev(ref_means), dev(traj.step_std[traj.stochastic])).mean()
+        kl = (((extra - dev(ref)) ** 2).mean() if velocity_kl
+              else gaussian_kl(extra, dev(ref), dev(traj.step_std[traj.stochastic])).mean())
+        loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
+    return loss, m
+
+@patch
+def _nft_loss(self: GRPOTrainer, traj, adv, _ref, points: NFTPoints, k: int):
+    "DiffusionNFT at the k-th noise level of each sample (+ KL on the velocity to the reference)."
+    c, dev = self.config, self.policy.on_device
+    idx = points.sigma_index[:, k]
+    v, target = self.policy.noised_velocity(traj, idx, points.noise[:, k])
+    v_old = dev(points.old_velocity[:, k])
+    loss = nft_loss(v, v_old, target, dev(traj.sigmas[idx]), dev(nft_optimality(adv, c.nft_adv_clip)),
+                    beta=c.nft_beta, adv_clip=c.nft_adv_clip).mean()
+    m = {"policy_loss": loss.item(), "old_deviate": ((v.detach() - v_old) ** 2).mean().item()}
+    if points.ref_velocity is not None:
+        kl = ((v - dev(points.ref_velocity[:, k])) ** 2).mean()
         loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
     return loss, m
 
 # %% ../nbs/05_trainer.ipynb #6797dc03
 @patch
 def _references(self: GRPOTrainer, s: Sample):
-    "Reference (adapters off) log-probs / step means, once per step, only when a KL term is used."
+    "Reference (adapters off) log-probs and Flow-GRPO step means or velocities, once per step, only with a KL term."
     c = self.config
     if c.kl_coef <= 0: return None, None
+    flow_grpo = c.train_dit and c.dit_objective == "flow_grpo" and s.trajectory.stochastic.any()
+    key = "return_velocities" if c.kl_type == "velocity" else "return_means"
     with torch.no_grad(), self.policy.reference():
         ref_lp = to_host(self.policy.token_logprobs(s.rollout, micro_batch_size=c.micro_batch_size)) if c.train_ar else None
-        ref_means = (to_host(self.policy.latent_logprobs(s.trajectory, micro_batch_size=c.micro_batch_size,
-                                                          return_means=True)[1])
-                     if c.train_dit and s.trajectory.stochastic.any() else None)
-    return ref_lp, ref_means
+        ref_dit = (to_host(self.policy.latent_logprobs(s.trajectory, micro_batch_size=c.micro_batch_size, **{key: True})[1])
+                   if flow_grpo else None)
+    return ref_lp, ref_dit
+
+@patch
+def _nft_points(self: GRPOTrainer, traj: LatentTrajectory) -> NFTPoints:
+    "This step's DiffusionNFT points (noise levels, noise) with the old policy's velocities, and the reference's if KL."
+    c, N = self.config, traj.num_samples
+    pts = nft_points(traj, c.nft_timesteps, self._sample_seeds(self.step_count, N, salt=3))
+    def velocities():
+        out = torch.empty_like(pts.noise)
+        for rows in self._micro_batches(N):
+            sub = traj.select(rows)
+            for k in range(pts.num_timesteps):
+                out[rows, k] = to_host(self.policy.noised_velocity(sub, pts.sigma_index[rows, k], pts.noise[rows, k])[0])
+        return out
+    with torch.no_grad():
+        with self.old_dit.swapped(): pts.old_velocity = velocities()
+        if c.kl_coef > 0:
+            with self.policy.reference(): pts.ref_velocity = velocities()
+    return pts
 
 @patch
 def _old_logprobs(self: GRPOTrainer, roll: TokenRollout) -> torch.Tensor:
@@ -461,18 +518,21 @@ def _trained(self: GRPOTrainer) -> list[torch.nn.Parameter]:
 def _snapshot(self: GRPOTrainer):
     "Copies of what a step changes: the trained weights, the optimiser state, the counters and the history length."
     params, state = self._trained, self.optimizer.state
+    old = None if self.old_dit is None else [w.clone() for w in self.old_dit.weights]
     return ([p.detach().clone() for p in params], [_copy_state(state[p]) if p in state else None for p in params],
-            (self.step_count, self.consecutive_skips, self.skipped_total, len(self.history)))
+            (self.step_count, self.consecutive_skips, self.skipped_total, len(self.history)), old)
 
 @patch
 def _restore(self: GRPOTrainer, snap) -> None:
     "Put back what `_snapshot` copied (copies again, so a snapshot can be restored twice)."
-    weights, state, (self.step_count, self.consecutive_skips, self.skipped_total, n_hist) = snap
+    weights, state, (self.step_count, self.consecutive_skips, self.skipped_total, n_hist), old = snap
     with torch.no_grad():
         for p, w, st in zip(self._trained, weights, state):
             p.copy_(w)
             if st is None: self.optimizer.state.pop(p, None)
             else: self.optimizer.state[p] = _copy_state(st)
+        if old is not None:
+            for w, o in zip(self.old_dit.weights, old): w.copy_(o)
     del self.history[n_hist:]
 
 @patch
@@ -481,7 +541,7 @@ def _weights_finite(self: GRPOTrainer) -> bool:
 
 @patch
 def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Tensor, torch.Tensor, dict]:
-    "One GRPO update from a Sample: advantages, clipped surrogate (+ KL), `num_inner_epochs` optimiser steps."
+    "One GRPO update from a Sample: advantages, the halves' losses (+ KL), `num_inner_epochs` optimiser steps."
     # returns (metrics, advantages, DiT advantages, seconds per half). All or nothing: if a loss, a gradient or, after
     # an optimiser step, a weight is not finite, weights and optimiser state go back to `snapshot` (taken here if None)
     c = self.config
@@ -491,14 +551,19 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Ten
     for k, v in s.reward.components.items(): metrics[f"reward/{k}"] = v.mean().item()
     for k, v in s.reward.info.items(): metrics[f"info/{k}"] = v.mean().item()
     if s.dit_reward is not None: metrics["dit_reward_mean"] = s.dit_reward.total.mean().item()
-    ref_lp, ref_means = self._references(s)
+    metrics["diversity"] = self._diversity(s.images)
+    if s.dit_images is not None: metrics["dit_diversity"] = self._diversity(s.dit_images)
+    nft = c.dit_objective == "nft"
+    train_dit = c.train_dit and (nft or bool(s.trajectory.stochastic.any()))
+    ref_lp, ref_dit = self._references(s)
+    points = self._nft_points(s.trajectory) if train_dit and nft else None
     old_lp = self._old_logprobs(s.rollout) if c.train_ar else None
     if old_lp is not None:
         mask = s.rollout.completion_mask
         metrics["ar/sampler_gap"] = ((s.rollout.logprobs - old_lp).abs()[mask].mean().item())   # mean |Δ log p| per token
     snap = self._snapshot() if snapshot is None else snapshot
     n, sec, self.skip_reason = len(s.prompts), {"update_ar": 0.0, "update_dit": 0.0}, None
-    train_dit = c.train_dit and bool(s.trajectory.stochastic.any())
+    pick = lambda x, rows: None if x is None else x.select(rows) if isinstance(x, NFTPoints) else x[rows]
     for epoch in range(c.num_inner_epochs):
         self.optimizer.zero_grad(set_to_none=True)
         finite, agg = True, {}
@@ -506,18 +571,21 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Ten
             w = len(rows) / n
             for half, on, fn, data, a, ref, old in (
                 ("ar", c.train_ar, self._ar_loss, s.rollout, adv, ref_lp, old_lp),
-                ("dit", train_dit, self._dit_loss, s.trajectory, dit_adv, ref_means, None)):
+                ("dit", train_dit, self._nft_loss if nft else self._dit_loss, s.trajectory, dit_adv, ref_dit, points)):
                 if not on: continue
-                with _timed(sec, f"update_{half}"):
-                    loss, m = fn(data.select(rows), a[rows], None if ref is None else ref[rows],
-                                 None if old is None else old[rows])
-                    if not torch.isfinite(loss): finite = False
-                    else: (loss * w).backward()
-                for k, v in [("loss", loss.item())] + list(m.items()):
-                    key = f"{half}/{k}"
-                    if k.endswith("_min"): agg[key] = min(agg.get(key, v), v)
-                    elif k.endswith("_max"): agg[key] = max(agg.get(key, v), v)
-                    else: agg[key] = agg.get(key, 0.0) + w * v
+                # NFT: one backward per noise level, so one DiT forward's activations are held at a time
+                parts = [dict(k=k) for k in range(points.num_timesteps)] if half == "dit" and nft else [{}]
+                for part in parts:
+                    pw = w / len(parts)
+                    with _timed(sec, f"update_{half}"):
+                        loss, m = fn(data.select(rows), a[rows], pick(ref, rows), pick(old, rows), **part)
+                        if not torch.isfinite(loss): finite = False
+                        else: (loss * pw).backward()
+                    for k, v in [("loss", loss.item())] + list(m.items()):
+                        key = f"{half}/{k}"
+                        if k.endswith("_min"): agg[key] = min(agg.get(key, v), v)
+                        elif k.endswith("_max"): agg[key] = max(agg.get(key, v), v)
+                        else: agg[key] = agg.get(key, 0.0) + pw * v
         norms = {}
         for half, params, on in (("ar", self.ar_params, c.train_ar), ("dit", self.dit_params, train_dit)):
             if not on: continue
@@ -536,6 +604,10 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Ten
         if self.skip_reason is not None:
             self._restore(snap)   # the whole step is undone, earlier inner epochs included
             break
+    if self.skip_reason is None and points is not None:   # the old policy follows (restored with the step if it fails)
+        decay = nft_decay(self.step_count + 1, c.nft_decay_rate, c.nft_decay_max, c.nft_decay_warmup)
+        self.old_dit.update(decay)
+        metrics["dit/old_decay"] = decay
     metrics["skipped"] = float(self.skip_reason is not None)
     return metrics, adv, dit_adv, sec
 
@@ -568,6 +640,7 @@ def step(self: GRPOTrainer) -> StepResult:
                              dit_rewards=None if s.dit_reward is None else s.dit_reward.total,
                              dit_advantages=None if s.dit_reward is None else dit_adv)
         self._log(res)
+        self._watch_diversity(res.metrics)
     except BaseException:
         self._restore(snap)   # a failed write (disk full, read-only folder) or an interrupt: the step never happened
         raise
@@ -575,6 +648,21 @@ def step(self: GRPOTrainer) -> StepResult:
     self.results.append(res)
     self.step_count += 1
     return res
+
+@patch
+def _watch_diversity(self: GRPOTrainer, metrics: dict):
+    "Warn once when a group's images become much more alike than at the run's first step (reward hacking, collapse)."
+    frac = self.config.diversity_warning
+    if self._diversity_warned or not frac: return
+    for key in ("diversity", "dit_diversity"):
+        first = next((r[key] for r in self.history if key in r), None)
+        if key in metrics and first and metrics[key] < frac * first:
+            self._diversity_warned = True
+            warnings.warn(f"GRPO step {self.step_count}: the images of a group are much more alike than at the start "
+                          f"({key} {metrics[key]:.4f}, first {first:.4f}, below {frac:g} of it). The policy may be "
+                          "collapsing onto what the reward likes (reward hacking): look at the groups (show_history), "
+                          "score with a held-out reward (eval_reward=), and consider kl_coef > 0 or a lower learning rate.")
+            return
 
 @patch
 def _count_skip(self: GRPOTrainer, why):
@@ -729,8 +817,9 @@ def _stopped(self: GRPOTrainer, signum: int, summary: FitSummary, notebook: bool
     raise TrainingStopped(signum, self.step_count, saved)
 
 @patch
-def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, float]:
+def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345, eval_reward=None) -> dict[str, float]:
     "Mean reward per component on `prompts` (default: eval_prompts), fixed seeds, ODE sampling, one image per prompt."
+    # eval_reward (default: the trainer's): a held-out reward also scored, as `heldout` and `heldout/<component>`
     data = _as_dataset(prompts) if prompts is not None else self.eval_dataset
     if data is None: raise ValueError("evaluate: no prompts; pass eval_prompts= to the trainer or prompts= here.")
     ps, targets, sources = _columns(data, range(len(data)))
@@ -740,8 +829,13 @@ def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345) -> dict[str, fl
                                          top_k=c.top_k, top_p=c.top_p, seed=seed)
         traj = self.policy.sample_latents(roll, num_steps=c.num_steps, noise_level=0.0, guidance_scale=c.guidance_scale,
                                           seed=seed)
-        out = evaluate_reward(self.reward_fn, self.policy.decode(traj, c.decode_batch), ps, targets, sources, normalize=False)
-    res = {"reward": out.total.mean().item(), **{k: v.mean().item() for k, v in out.components.items()}}
+        images = self.policy.decode(traj, c.decode_batch)
+        out = evaluate_reward(self.reward_fn, images, ps, targets, sources, normalize=False)
+        res = {"reward": out.total.mean().item(), **{k: v.mean().item() for k, v in out.components.items()}}
+        held = self.eval_reward if eval_reward is None else eval_reward
+        if held is not None:
+            h = evaluate_reward(held, images, ps, targets, sources, normalize=False)
+            res.update({"heldout": h.total.mean().item(), **{f"heldout/{k}": v.mean().item() for k, v in h.components.items()}})
     return res
 
 # %% ../nbs/05_trainer.ipynb #9ba11b87
@@ -763,7 +857,9 @@ def save(self: GRPOTrainer, directory: str | Path | None = None) -> Path | None:
         state = {"step": self.step_count, "history": self.history, "consecutive_skips": self.consecutive_skips,
                  "skipped_total": self.skipped_total, "config": self.config.to_dict(), "run": self._run_identity(),
                  "rng": rng_state()}
-        write_checkpoint(directory, self.policy, self.optimizer, state, keep=self.config.keep_checkpoints if ours else None)
+        tensors = {"old_dit": self.old_dit.state_dict()} if self.old_dit is not None else {}
+        write_checkpoint(directory, self.policy, self.optimizer, state, keep=self.config.keep_checkpoints if ours else None,
+                         tensors=tensors)
     acc.wait_for_everyone()
     return directory
 
@@ -794,6 +890,10 @@ def resume(cls: GRPOTrainer, directory: str | Path, policy: GlmImagePolicy, rewa
                          "but this trainer trains others; resume with the checkpoint's train_ar/train_dit settings.")
     policy.load_adapters(ckpt / "adapters")
     trainer.optimizer.load_state_dict(opt)
+    if trainer.old_dit is not None:   # DiffusionNFT's old policy; a run that did not have one starts it from the adapters
+        saved = read_tensors(ckpt, "old_dit")
+        if saved is None: trainer.old_dit.update(0.0)
+        else: trainer.old_dit.load_state_dict(saved, f"resume: {ckpt / 'old_dit.safetensors'}")
     trainer.step_count, trainer.history = state["step"], state["history"]
     trainer.consecutive_skips, trainer.skipped_total = state["consecutive_skips"], state["skipped_total"]
     trainer.changed_settings = {k: (getattr(stored, k), v) for k, v in settings.items() if getattr(stored, k) != v}
