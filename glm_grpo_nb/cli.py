@@ -354,6 +354,7 @@ def plan(
     num_steps: int = 10,       # denoising steps
     sde_window: list[int] = None,  # the stochastic (trained) steps, e.g. 0 1 (default: the first quarter)
     guidance_scale: float = 1.5,  # DiT guidance (<= 1: one branch)
+    dit_objective: str = "flow_grpo",  # the DiT's objective: flow_grpo or nft (DiffusionNFT)
     decode_batch: int = 2,     # images the VAE decodes at once
     sampling_copy: bool = True,  # a merged copy of the AR's language model samples the tokens (fast, about 18 GB)
     reward_model_params: int = 0,  # parameters of reward models on the GPU
@@ -365,7 +366,7 @@ def plan(
     p = make_plan(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step,
                   load_in_4bit=load_in_4bit, lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing,
                   micro_batch_size=micro_batch_size, num_steps=num_steps, sde_window=sde_window,
-                  guidance_scale=guidance_scale, decode_batch=decode_batch, sampling_copy=sampling_copy,
+                  guidance_scale=guidance_scale, dit_objective=dit_objective, decode_batch=decode_batch, sampling_copy=sampling_copy,
                   reward_model_params=reward_model_params, budget_gb=budget_gb)
     p.suggestions = [_flags(ch) for ch in p.changes] + p.suggestions[len(p.changes):]   # as options of this command
     print(p)

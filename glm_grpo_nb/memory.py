@@ -103,7 +103,7 @@ class MemoryPlan:
 # %% ../nbs/07_memory.ipynb #23fb9d44
 def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, lora_rank, train, gradient_checkpointing,
               micro_batch_size, num_steps, sde_window, guidance_scale, dtype_bytes, reward_model_params, prompt_len, decode_batch,
-              sampling_copy):
+              sampling_copy, dit_objective="flow_grpo"):
     ar, dit, t5, vae = mods["ar"], mods["dit"], mods["text_encoder"], mods["vae"]
     N = group_size * prompts_per_step
     mb = N if micro_batch_size is None else min(micro_batch_size, N)
@@ -117,6 +117,9 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
               + (lora_params(dit, DIT_LORA_TARGETS, lora_rank) if train in ("dit", "both") else 0))
     resident["LoRA + grads + AdamW states (fp32)"] = n_lora * 16
     resident["step snapshot: LoRA + AdamW states"] = n_lora * 12   # what a failed step is restored from
+    nft = dit_objective == "nft" and train in ("dit", "both")
+    if nft:   # DiffusionNFT's old adapter (fp32) and its copy in the step snapshot
+        resident["old DiT LoRA (NFT) + its snapshot"] = lora_params(dit, DIT_LORA_TARGETS, lora_rank) * 8
     tc = ar.config.text_config
     L, hidden, inter, kv, hd = tc.num_hidden_layers, tc.hidden_size, tc.intermediate_size, tc.num_key_value_heads, tc.hidden_size // tc.num_attention_heads
     gh, gw = token_grid(height, width, "plan")
@@ -145,10 +148,13 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
     phases["sample latents"] = {"latents, velocities (fp32)": 4 * lat,
                                 "DiT forward": cfg * N * tokens * (8 * inner) * dtype_bytes}
     if train in ("dit", "both"):
-        k = len(sde_steps(sde_window, num_steps))
+        # Flow-GRPO holds the window's steps (each guidance branch) until one backward; NFT one conditional forward
+        k, cfg = (1, 1) if nft else (len(sde_steps(sde_window, num_steps)), cfg)
         per_block = mb * tokens * (12 * inner) * dtype_bytes
         saved = (mb * tokens * inner * dtype_bytes * dc.num_layers if gradient_checkpointing else per_block * dc.num_layers)
-        phases["update DiT"] = {"activations (window steps x guidance branches)": k * cfg * saved + (per_block if gradient_checkpointing else 0)}
+        label = "activations (one noise level, no guidance)" if nft else "activations (window steps x guidance branches)"
+        phases["update DiT"] = {label: k * cfg * saved + (per_block if gradient_checkpointing else 0)}
+        if nft: phases["update DiT"]["old velocities (fp32)"] = num_steps * lat
     vc = vae.config
     # about two full-resolution maps of the widest block per image: 8 images at 1024x1024 decoded at once peaked
     # 15.4 GB above the weights on an H100 (bf16), i.e. 1.9 GB per image; this gives 2.0
@@ -166,6 +172,7 @@ def plan(
     micro_batch_size: int | None = 1,        # samples per forward/backward in the update
     num_steps: int = 10, sde_window=None,    # denoising steps and stochastic window (as in sample_latents)
     guidance_scale: float = 1.5,
+    dit_objective: str = "flow_grpo",        # the DiT's objective: "flow_grpo" or "nft" (GRPOConfig.dit_objective)
     dtype: str = "bfloat16",                 # compute dtype
     reward_model_params: int = 0,            # parameters of reward models on the GPU (e.g. 428_000_000 for CLIP-L)
     prompt_len: int = 128,                   # prompt tokens
@@ -180,13 +187,15 @@ def plan(
                     ("decode_batch", decode_batch)):
         if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"plan: {name} must be an int >= 1, got {v!r}.")
     check_image_size(height, width, "plan")
+    if dit_objective not in ("flow_grpo", "nft"):
+        raise ValueError(f"plan: dit_objective must be 'flow_grpo' or 'nft', got {dit_objective!r}.")
     if dtype not in DTYPE_BYTES: raise ValueError(f"plan: dtype must be one of {list(DTYPE_BYTES)}, got {dtype!r}.")
     mods = real_modules() if modules is None else modules
     args = dict(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=load_in_4bit,
                 lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing, micro_batch_size=micro_batch_size,
                 num_steps=num_steps, sde_window=sde_window, guidance_scale=guidance_scale, dtype_bytes=DTYPE_BYTES[dtype],
                 reward_model_params=reward_model_params, prompt_len=prompt_len, decode_batch=decode_batch,
-                sampling_copy=sampling_copy)
+                sampling_copy=sampling_copy, dit_objective=dit_objective)
     p = MemoryPlan(*_estimate(mods, **args), budget=int(budget_gb * GB))
     if not p.fits:
         tries = [dict(load_in_4bit=True), dict(gradient_checkpointing=True), dict(micro_batch_size=1), dict(decode_batch=1),

@@ -296,7 +296,8 @@ def _plan_command(self: GRPOTrainer) -> str:
     window = f" --sde-window {' '.join(map(str, c.sde_window))}" if c.sde_window else ""
     return (f"glm-grpo plan --height {c.height} --width {c.width} --group-size {c.group_size} --prompts-per-step "
             f"{c.prompts_per_step} --{'' if self.policy.load_in_4bit else 'no-'}load-in-4bit --train {train} "
-            f"--micro-batch-size 1 --decode-batch 1 --num-steps {c.num_steps}{window} --guidance-scale {c.guidance_scale:g}")
+            f"--micro-batch-size 1 --decode-batch 1 --num-steps {c.num_steps}{window} --guidance-scale {c.guidance_scale:g}"
+            f"{' --dit-objective nft' if c.dit_objective == 'nft' else ''}")
 
 # %% ../nbs/05_trainer.ipynb #1021385a
 def _columns(dataset: PromptDataset, idx):
