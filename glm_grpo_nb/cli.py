@@ -88,7 +88,7 @@ def generate(
 DEMO_PROMPTS = ["a blue square on a white background", "a green circle on a gray background", "a gradient from navy to teal",
                 "the word 'OK' in white on blue", "green on the left, black on the right", "a cyan field"]
 
-def _report(history, before, after, evals, path):
+def _report(history, before, after, evals, path, heldout=None):
     "report.png: reward per step (mean ± std, and the fixed evaluation), and the same groups before and after."
     import matplotlib
     matplotlib.use("Agg", force=False)
@@ -106,8 +106,13 @@ def _report(history, before, after, evals, path):
     ax.plot(steps, mean, marker="o", ms=3, label="training samples: mean")
     ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2, label="± std")
     ax.plot(list(evals), list(evals.values()), marker="s", color="C3", label="fixed prompts and seeds (evaluate)")
+    if heldout: ax.plot(list(heldout), list(heldout.values()), marker="^", color="C2", ls="--", label="held-out reward (evaluate)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("after step"); ax.set_ylabel("reward (redness)"); ax.legend(fontsize=7, loc="lower right")
+    ax.set_xlabel("after step"); ax.set_ylabel("reward (redness)")
+    right = ax.twinx()   # a group whose images become alike while the reward rises is a policy hacking the reward
+    right.plot(steps, [h.get("diversity", float("nan")) for h in rows], color="gray", lw=1, ls=":", label="within-group diversity (right)")
+    right.set_ylim(bottom=0); right.tick_params(labelsize=7)
+    ax.legend(handles=ax.lines + right.lines, fontsize=7, loc="lower right")
     k = max(1, len(mean) // 4)
     first, last, e = sum(mean[:k]) / k, sum(mean[-k:]) / k, list(evals.values())
     ax.set_title(f"training mean {first:+.2f} (first {k} steps) -> {last:+.2f} (last {k}); "
@@ -131,10 +136,12 @@ def demo(
     prompts_per_step: int = 3,  # prompts per step
     lr: float = 3e-3,         # learning rate of both adapters (the tiny model needs large steps)
     seed: int = 0,            # everything random derives from it
+    eval_reward: str = None,  # a held-out reward the evaluations also score (NAME[=W],... or module:object), e.g. ocr
+    dit_objective: str = "flow_grpo",  # the DiT's objective: flow_grpo or nft (DiffusionNFT, CFG-free)
 ):
     "Train the tiny GLM-Image towards red images with joint AR + DiT GRPO on CPU; write adapters, metrics and report.png."
     from glm_grpo_nb.policy import GlmImagePolicy
-    from glm_grpo_nb.rewards import RednessReward
+    from glm_grpo_nb.rewards import RednessReward, combine
     from glm_grpo_nb.tiny import make_tiny_glm_image
     from glm_grpo_nb.trainer import GRPOTrainer
     out = mark_folder(out, "run", "demo: --out")   # new, empty, or an earlier demo's folder
@@ -143,20 +150,27 @@ def demo(
     policy = GlmImagePolicy.from_pretrained(model, ar_lora=8, dit_lora=8, device="cpu", lora_seed=seed, verbose=False)
     trainer = GRPOTrainer(policy, RednessReward(), DEMO_PROMPTS, group_size=group_size, prompts_per_step=prompts_per_step,
                           height=64, width=64, num_steps=6, sde_window=(0, 3), lr=lr, seed=seed, output_dir=out,
-                          keep_results=1, eval_prompts=DEMO_PROMPTS, eval_every=5)
+                          keep_results=1, eval_prompts=DEMO_PROMPTS, eval_every=5, dit_objective=dit_objective,
+                          eval_reward=None if eval_reward is None else combine(parse_rewards(eval_reward)))
     shown = DEMO_PROMPTS[:2]
-    before, evals = trainer.sample(shown, seed=seed + 1), {0: trainer.evaluate()["reward"]}
-    trainer.fit(steps, log_every=5, callback=lambda t, r: "eval/reward" in t.history[-1] and
-                evals.update({t.step_count: t.history[-1]["eval/reward"]}))
+    first = trainer.evaluate()
+    before, evals, heldout = trainer.sample(shown, seed=seed + 1), {0: first["reward"]}, {}
+    if "heldout" in first: heldout[0] = first["heldout"]
+    def log_evals(t, r):
+        if "eval/reward" in t.history[-1]: evals[t.step_count] = t.history[-1]["eval/reward"]
+        if "eval/heldout" in t.history[-1]: heldout[t.step_count] = t.history[-1]["eval/heldout"]
+    trainer.fit(steps, log_every=5, callback=log_evals)
     after = trainer.sample(shown, seed=seed + 1)
     policy.save_adapters(out / "adapters")
     trainer.close()
-    _report(trainer.history, before, after, evals, out / "report.png")
+    _report(trainer.history, before, after, evals, out / "report.png", heldout)
     rewards = [h["reward_mean"] for h in trainer.history]
     k = max(1, len(rewards) // 4)
     e = list(evals.values())
     print(f"reward (redness) {sum(rewards[:k]) / k:+.3f} over the first {k} steps -> {sum(rewards[-k:]) / k:+.3f} over "
-          f"the last {k}; on fixed prompts and seeds {e[0]:+.3f} -> {e[-1]:+.3f}")
+          f"the last {k}; on fixed prompts and seeds {e[0]:+.3f} -> {e[-1]:+.3f}"
+          + (f"; held-out reward {heldout[0]:+.3f} -> {list(heldout.values())[-1]:+.3f}" if heldout else "")
+          + f"; within-group diversity {trainer.history[0]['diversity']:.3f} -> {trainer.history[-1]['diversity']:.3f}")
     print(f"wrote {out / 'report.png'} (open it), {out / 'metrics.jsonl'}, the adapters in {out / 'adapters'} and the "
           f"tiny model in {out / 'model'}")
     print(f"generate with the trained adapters: glm-grpo generate --model {out / 'model'} --adapters {out / 'adapters'} "

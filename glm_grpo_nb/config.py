@@ -34,12 +34,12 @@ class GRPOConfig:
     top_k: int = setting(0, "AR top-k truncation (0: off, the exact distribution)")
     top_p: float = setting(1.0, "AR top-p truncation (1: off, the exact distribution)")
     num_steps: int = setting(10, "denoising steps while training")
-    noise_level: float = setting(0.7, "SDE noise scale a of the stochastic denoising steps")
+    noise_level: float = setting(0.7, "SDE noise scale a of the stochastic denoising steps (flow_grpo; nft samples with the ODE)")
     sde_type: str = setting("sde", "stochastic step: sde (Flow-GRPO) or cps (coefficient-preserving)", ("sde", "cps"))
     cps_logprob: str = setting("density", "cps step log-prob: density (exact Gaussian, PPO clip ranges apply) or "
                                "squared (Flow-GRPO's CPS form; log-ratios 2 tau^2 times the density's)",
                                ("density", "squared"))
-    sde_window: list[int] | None = setting(None, "stochastic (trained) denoising steps (default: the first quarter)")
+    sde_window: list[int] | None = setting(None, "stochastic (trained) denoising steps of flow_grpo (default: the first quarter)")
     guidance_scale: float | None = setting(None, "DiT classifier-free guidance (<= 1: the conditional branch only; "
                                            "default 1.5 with flow_grpo, 1.0 with nft)")
     # what trains, and how

@@ -80,6 +80,8 @@ class LatentTrajectory:
     cps_logprob: str = "density"      # "density" or Flow-GRPO's CPS form "squared" (see `step_logprob`)
 
     @property
+    def num_samples(self) -> int: return self.latents.shape[0]
+    @property
     def num_steps(self) -> int: return self.logprobs.shape[1]
     @property
     def window(self) -> list[int]: return self.stochastic.nonzero().flatten().tolist()

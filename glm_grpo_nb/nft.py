@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import torch
 from fastcore.basics import patch
 
-from .flow import LatentTrajectory
+from typing import TYPE_CHECKING
+
 from .policy import GlmImagePolicy, generators, randn_rows
+if TYPE_CHECKING: from glm_grpo_nb.flow import LatentTrajectory  # stages never import each other at run time
 
 # %% auto #0
 __all__ = ['nft_optimality', 'nft_loss', 'NFTPoints', 'nft_points', 'nft_decay', 'OldAdapter']
@@ -76,10 +78,6 @@ def nft_points(traj: LatentTrajectory, num_timesteps: int | None, seeds: list[in
     index = torch.stack([torch.randperm(S, generator=g)[:K] for g in gens])
     noise = randn_rows(gens, (K, *traj.latents.shape[2:]))
     return NFTPoints(index, noise)
-
-# %% ../nbs/02c_nft.ipynb #07386dd6
-@patch(as_prop=True)
-def num_samples(self: LatentTrajectory) -> int: return self.latents.shape[0]
 
 # %% ../nbs/02c_nft.ipynb #d1f6bc43
 @patch

@@ -741,9 +741,12 @@ class FitSummary(list):
         lines = [f"fit: steps {rows[0]['step']}-{rows[-1]['step']} ({len(self)} steps, {sum(r.get('skipped', 0) > 0 for r in rows)} "
                  f"skipped, {sum(secs) / len(secs):.2f} s/step)" + (f", stopped by {self.stopped_by}" if self.stopped_by else ""),
                  f"reward {mean(rows[:k], 'reward_mean'):+.4f} (first {k}) -> {mean(rows[-k:], 'reward_mean'):+.4f} (last {k}), "
-                 f"std {rows[-1].get('reward_std', 0.0):.4f}, zero-std groups {mean(rows[-k:], 'zero_std_fraction'):.0%}"]
+                 f"std {rows[-1].get('reward_std', 0.0):.4f}, zero-std groups {mean(rows[-k:], 'zero_std_fraction'):.0%}"
+                 + (f", diversity {mean(rows[:k], 'diversity'):.3f} -> {mean(rows[-k:], 'diversity'):.3f}" if "diversity" in rows[0] else "")]
         evals = [r for r in self if "eval/reward" in r]
-        if evals: lines.append(f"eval reward {evals[0]['eval/reward']:+.4f} -> {evals[-1]['eval/reward']:+.4f}")
+        held = [r for r in evals if "eval/heldout" in r]
+        if evals: lines.append(f"eval reward {evals[0]['eval/reward']:+.4f} -> {evals[-1]['eval/reward']:+.4f}"
+                               + (f", held-out reward {held[0]['eval/heldout']:+.4f} -> {held[-1]['eval/heldout']:+.4f}" if held else ""))
         return "\n".join(lines)
 
 @patch

@@ -121,7 +121,7 @@ def in_notebook() -> bool:
     except Exception: return False
 
 def plot_history(history: list[dict], fig=None):
-    "Reward ± std, KL, clip fraction and per-phase seconds of each step, as a matplotlib figure."
+    "Reward ± std (with evaluations and within-group diversity), KL, clip fraction and seconds per phase, as a figure."
     import matplotlib.pyplot as plt
     fig = fig or plt.figure(figsize=(12, 3))
     fig.clf()
@@ -130,7 +130,17 @@ def plot_history(history: list[dict], fig=None):
     steps = [r["step"] for r in h]
     m = [r["reward_mean"] for r in h]; s = [r.get("reward_std", 0.0) for r in h]
     axes[0].plot(steps, m); axes[0].fill_between(steps, [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)], alpha=0.2)
-    axes[0].set_title("reward mean ± std")
+    for key, marker, label in (("eval/reward", "s", "eval"), ("eval/heldout", "^", "eval, held-out reward")):
+        ev = [(r["step"], r[key]) for r in history if key in r]
+        if ev: axes[0].plot(*zip(*ev), marker=marker, ls="--", label=label)
+    div = [(r["step"], r["diversity"]) for r in h if "diversity" in r]
+    if div:   # collapsing diversity while the reward rises: the policy may be hacking the reward
+        right = axes[0].twinx()
+        right.plot(*zip(*div), color="gray", lw=1, ls=":", label="diversity (right)")
+        right.tick_params(labelsize=7)
+        axes[0].legend(handles=axes[0].lines + right.lines, fontsize=7)
+    elif len(axes[0].lines) > 1: axes[0].legend(fontsize=7)
+    axes[0].set_title("reward mean ± std" + (", diversity" if div else ""))
     moved = lambda keys: [k for k in keys if any(r.get(k, 0.0) != 0.0 for r in h)]
     # on-policy (one inner epoch, no KL term) KL and clipping are exactly 0: those panels show what does move instead
     kl = moved([f"{half}/{k}" for half in ("ar", "dit") for k in ("approx_kl", "kl")])

@@ -45,7 +45,7 @@ def test_bad_input_is_a_clear_error(glm_grpo, tiny_path, tmp_path):
 def test_demo_reward_rises(glm_grpo, tmp_path):
     import json
     import re
-    r = run(glm_grpo, "demo", "--out", str(tmp_path / "demo"))
+    r = run(glm_grpo, "demo", "--out", str(tmp_path / "demo"), "--eval-reward", "ocr")   # OCR: a held-out reward
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "demo"
     assert (out / "adapters" / "ar").is_dir() and (out / "adapters" / "dit").is_dir()
@@ -57,6 +57,8 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
     before, after = map(float, re.search(r"on fixed prompts and seeds ([-+.\d]+) -> ([-+.\d]+)", r.stdout).groups())
     assert after > before + 0.2, r.stdout                     # the evaluation on fixed prompts and seeds rises plainly
     assert f"--adapters {out / 'adapters'}" in r.stdout       # the report says how to use what was trained
+    assert re.search(r"held-out reward [-+.\d]+ -> [-+.\d]+; within-group diversity [.\d]+ -> [.\d]+", r.stdout), r.stdout
+    assert any("eval/heldout" in row for row in rows)          # the held-out reward is logged with the evaluations
     stderr = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("GRPO")]
     assert not stderr, stderr                                 # one progress bar, no upstream noise
     g = run(glm_grpo, "generate", "--model", str(out / "model"), "--adapters", str(out / "adapters"), "--prompt",

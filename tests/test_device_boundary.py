@@ -43,13 +43,17 @@ def test_a_training_run_keeps_to_the_boundary(policy, tmp_path):
     i2i = [{"prompt": "make it red", "source": str(source)}, {"prompt": "add a 'HI' sign", "source": str(source)}]
     runs = [(prompts, dict(output_dir=tmp_path / "joint")),
             (prompts, dict(mode="decoupled", output_dir=tmp_path / "decoupled")),
-            (i2i, dict(output_dir=tmp_path / "i2i"))]
+            (i2i, dict(output_dir=tmp_path / "i2i")),
+            (prompts, dict(dit_objective="nft", nft_timesteps=2, output_dir=tmp_path / "nft")),
+            (i2i, dict(dit_objective="nft", nft_timesteps=2, mode="decoupled", output_dir=tmp_path / "nft_i2i")),
+            (prompts, dict(guidance_scale=1.0, kl_type="velocity", output_dir=tmp_path / "velocity_kl"))]
     with DeviceBoundary(policy) as boundary:
         for data, more in runs:
             trainer = GRPOTrainer(policy, RednessReward(), data, **kw, **more)
             result = trainer.step()
             assert not result.skipped and len(result.images) == 4
             assert set(trainer.evaluate(data, seed=0)) >= {"reward"}
+            trainer.save()   # NFT: the old adapter is written from the device
             trainer.close()
     assert boundary.ops > 10_000   # the check saw the whole step: sampling, decoding, both updates
     assert boundary.made > 100     # and the host tensors the package makes itself

@@ -43,8 +43,8 @@ def test_plain_script_uses_the_package(tmp_path):
 def test_policy_has_all_its_methods_whichever_module_comes_first():
     "The stage modules add their methods to GlmImagePolicy; importing any one module first must bring all of them."
     methods = ["from_pretrained", "reference", "save_adapters", "sample_tokens", "token_logprobs", "rollout_from_tokens",
-               "sample_latents", "latent_logprobs", "decode"]
-    for first in ("glm_grpo_nb.policy", "glm_grpo_nb.tokens", "glm_grpo_nb.flow", "glm_grpo_nb.trainer"):
+               "sample_latents", "latent_logprobs", "decode", "noised_velocity"]
+    for first in ("glm_grpo_nb.policy", "glm_grpo_nb.tokens", "glm_grpo_nb.flow", "glm_grpo_nb.nft", "glm_grpo_nb.trainer"):
         code = (f"import {first}\nfrom glm_grpo_nb.policy import GlmImagePolicy\n"
                 f"missing = [m for m in {methods!r} if not hasattr(GlmImagePolicy, m)]\nassert not missing, missing")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=300)
