@@ -1,5 +1,6 @@
 """One GRPO update on a fixed global batch, under however many processes this is launched with (torchrun or plain
-python). Writes the resulting LoRA tensors to argv[1]. Used by test_distributed.py."""
+python). Writes the resulting LoRA tensors (and DiffusionNFT's old adapter) to argv[1]; argv[3] is the DiT's
+objective. Used by test_distributed.py."""
 import sys
 
 import torch
@@ -13,20 +14,22 @@ from glm_grpo_nb.policy import GlmImagePolicy
 PROMPTS = ["a red square on a blue background", "a green field", "a gradient from yellow to navy", "a 'HI' sign"]
 
 if __name__ == "__main__":
-    out, model = sys.argv[1], sys.argv[2]
+    out, model, objective = sys.argv[1], sys.argv[2], sys.argv[3]
     acc = Accelerator(cpu=True)
     torch.set_num_threads(1)
     policy = GlmImagePolicy.from_pretrained(model, ar_lora=4, dit_lora=4, device="cpu", verbose=False)
     n_local = len(PROMPTS) // acc.num_processes
     trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=2, prompts_per_step=n_local, height=64, width=64,
                           num_steps=4, sde_window=(0, 2), lr=1e-3, advantage_scale="batch", kl_coef=0.05,
-                          micro_batch_size=3, accelerator=acc)
+                          micro_batch_size=3, accelerator=acc, dit_objective=objective, nft_timesteps=2,
+                          nft_decay_rate=0.3)
     full = trainer.sample(PROMPTS, seed=1234)          # the same global batch on every process
     G = trainer.config.group_size
     mine = full.select(range(acc.process_index * n_local * G, (acc.process_index + 1) * n_local * G))
     metrics, *_ = trainer.update(mine)
     assert not metrics["skipped"]
     if acc.is_main_process:
-        save_file({n: p.detach().contiguous() for n, p in policy.named_parameters() if p.requires_grad}, out,
+        old = {} if trainer.old_dit is None else {f"old/{n}": w.contiguous() for n, w in trainer.old_dit.state_dict().items()}
+        save_file({**{n: p.detach().contiguous() for n, p in policy.named_parameters() if p.requires_grad}, **old}, out,
                   metadata={"reward_std": str(metrics["reward_std"]), "num_processes": str(acc.num_processes)})
     acc.wait_for_everyone()

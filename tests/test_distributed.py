@@ -1,4 +1,5 @@
 "Data parallelism: 2-process CPU (gloo) updates and fits equal the single-process ones on the same global batch."
+import pytest
 import socket
 import subprocess
 import sys
@@ -24,11 +25,12 @@ def run(cmd):
     assert r.returncode == 0, r.stderr[-4000:]
 
 
-def test_two_processes_equal_one(tiny_path, tmp_path):
+@pytest.mark.parametrize("objective", ["flow_grpo", "nft"])
+def test_two_processes_equal_one(tiny_path, tmp_path, objective):
     one, two = tmp_path / "one.safetensors", tmp_path / "two.safetensors"
-    run([sys.executable, str(SCRIPT), str(one), str(tiny_path)])
+    run([sys.executable, str(SCRIPT), str(one), str(tiny_path), objective])
     run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-         "--master_port", str(free_port()), str(SCRIPT), str(two), str(tiny_path)])
+         "--master_port", str(free_port()), str(SCRIPT), str(two), str(tiny_path), objective])
     a, b = load_file(one), load_file(two)
     assert a.keys() == b.keys() and len(a) > 0
     moved = 0
@@ -36,6 +38,7 @@ def test_two_processes_equal_one(tiny_path, tmp_path):
         assert torch.allclose(a[k], b[k], atol=1e-6), (k, (a[k] - b[k]).abs().max())
         moved += int("lora_B" in k and a[k].abs().max() > 0)
     assert moved > 0  # the update did something
+    assert any(k.startswith("old/") for k in a) == (objective == "nft")   # NFT's old adapter agrees too
     with safe_open(one, "pt") as f1, safe_open(two, "pt") as f2:
         assert (f1.metadata()["num_processes"], f2.metadata()["num_processes"]) == ("1", "2")
         assert f1.metadata()["reward_std"] == f2.metadata()["reward_std"]  # batch statistics were gathered
