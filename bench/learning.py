@@ -55,7 +55,7 @@ def run(job):
         res = trainer.step()
         seconds += time.perf_counter() - t
         rows.append({"reward": res.metrics["reward_mean"], "diversity": res.metrics["diversity"],
-                     **{k: v for k, v in res.seconds.items()}})
+                     **res.seconds})
         if step % job["eval_every"] == 0 or step == job["steps"]: curve.append((step, seconds, evaluate()))
     return {**job, "curve": curve, "rows": rows, "skipped": trainer.skipped_total}
 

@@ -21,7 +21,7 @@ from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache
 from diffusers.pipelines.glm_image.pipeline_glm_image import calculate_shift, retrieve_timesteps
 
 from .hub import sde_steps
-from .policy import GlmImagePolicy, generators, randn_rows, sample_seeds, to_host
+from .policy import GlmImagePolicy, generators, randn_rows, sample_seeds, to_host, train_mode
 if TYPE_CHECKING: from glm_grpo_nb.tokens import TokenRollout  # flow never imports tokens at run time
 
 # %% auto #0
@@ -308,9 +308,7 @@ def latent_logprobs(
     if mb < 1: raise ValueError(f"latent_logprobs: micro_batch_size must be >= 1, got {micro_batch_size}.")
     dev, steps = self.device, traj.window
     out, means, vels, order = [], [], [], []
-    was_training = self.transformer.training
-    self.transformer.train(torch.is_grad_enabled())  # only so checkpointing engages; the DiT has no dropout
-    try:
+    with train_mode(self.transformer, torch.is_grad_enabled()):   # the DiT has no dropout
         for start in range(0, N, mb):
             for rows, embeds, neg, prior, cache in self._conditions(traj, range(start, min(start + mb, N))):
                 lp = torch.zeros(len(rows), S, device=dev)
@@ -326,8 +324,6 @@ def latent_logprobs(
                 out.append(lp); order += rows
                 if return_means: means.append(torch.stack(step_means, 1))
                 if return_velocities: vels.append(torch.stack(step_vels, 1))
-    finally:
-        self.transformer.train(was_training)
     back = self.on_device(torch.argsort(torch.tensor(order)))   # rows were grouped by glyph length: back to their order
     res = [torch.cat(out, 0)[back]] + [torch.cat(e, 0)[back] for e, on in ((means, return_means), (vels, return_velocities)) if on]
     return res[0] if len(res) == 1 else tuple(res)

@@ -14,7 +14,7 @@ from fastcore.basics import patch
 
 from typing import TYPE_CHECKING
 
-from .policy import GlmImagePolicy, generators, randn_rows
+from .policy import GlmImagePolicy, generators, randn_rows, train_mode
 if TYPE_CHECKING: from glm_grpo_nb.flow import LatentTrajectory  # stages never import each other at run time
 
 # %% auto #0
@@ -64,7 +64,8 @@ class NFTPoints:
     @property
     def num_timesteps(self) -> int: return self.sigma_index.shape[1]
 
-    def select(self, rows) -> "NFTPoints":
+    def __getitem__(self, rows) -> "NFTPoints":
+        "The points of samples `rows` (indexed like the trainer's other per-sample tensors)."
         pick = lambda t: None if t is None else t[rows]
         return NFTPoints(self.sigma_index[rows], self.noise[rows], pick(self.old_velocity), pick(self.ref_velocity))
 
@@ -96,15 +97,11 @@ def noised_velocity(
     sigma = traj.sigmas[sigma_index].view(-1, 1, 1, 1)
     x = (1 - sigma) * x0 + sigma * noise
     v, order = [], []
-    was_training = self.transformer.training
-    self.transformer.train(torch.is_grad_enabled())   # only so checkpointing engages; the DiT has no dropout
-    try:
+    with train_mode(self.transformer, torch.is_grad_enabled()):   # the DiT has no dropout
         for rows, embeds, _, prior, cache in self._conditions(traj, range(N)):
             v.append(self._velocity(self.on_device(x[rows]), traj.timesteps[sigma_index[rows]], prior, embeds, None, 1.0,
                                     cache, traj.rollout.height, traj.rollout.width))
             order += rows
-    finally:
-        self.transformer.train(was_training)
     back = self.on_device(torch.argsort(torch.tensor(order)))
     return torch.cat(v)[back], self.on_device(noise - x0)
 

@@ -28,8 +28,8 @@ from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GlmImageForConditio
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel
 
 # %% auto #0
-__all__ = ['to_host', 'quantize_4bit', 'quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds', 'generators',
-           'randn_rows', 'merged_weight', 'apply_adapters']
+__all__ = ['to_host', 'train_mode', 'quantize_4bit', 'quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds',
+           'generators', 'randn_rows', 'merged_weight', 'apply_adapters']
 
 # %% ../nbs/02_policy.ipynb #d8758c82
 def _lora_config(spec, targets, what):
@@ -52,6 +52,15 @@ def _device(device) -> torch.device:
 def to_host(x: torch.Tensor | None) -> torch.Tensor | None:
     "A detached CPU tensor (or None): what stages return and keep (rollouts, trajectories, log-probs) lives on the CPU."
     return None if x is None else x.detach().cpu()
+
+@contextlib.contextmanager
+def train_mode(module: torch.nn.Module, on: bool):
+    "`module` in train (`on`) or eval mode for the block, then as it was."
+    # the stages train with `on=torch.is_grad_enabled()` only so gradient checkpointing engages: no dropout is active
+    was = module.training
+    module.train(on)
+    try: yield module
+    finally: module.train(was)
 
 # %% ../nbs/02_policy.ipynb #25eeacaf
 def quantize_4bit(module: torch.nn.Module, compute_dtype: torch.dtype, device, select=lambda name, lin: True) -> int:

@@ -16,7 +16,7 @@ from PIL import Image
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from .hub import check_image_size, token_grid
-from .policy import GlmImagePolicy, generators, sample_seeds, to_host
+from .policy import GlmImagePolicy, generators, sample_seeds, to_host, train_mode
 
 # %% auto #0
 __all__ = ['sampling_logits', 'GridLayout', 'TokenRollout', 'concat_rollouts']
@@ -304,16 +304,12 @@ def sample_tokens(
     cache = None
     if self.sampling_copy:   # the copy's static cache: transformers compiles the decode step on CUDA
         gen_cfg.compile_config, cache = self.sampling_compile, self.sampling_cache(ids.shape[0], ids.shape[1] + n_sampled)
-    was_training = self.ar.training
-    self.ar.eval()
-    try:
-        with torch.no_grad():
-            model = self.sampling_model()   # the AR, or its merged copy (see `policy`)
-            out = model.generate(input_ids=self.on_device(ids), attention_mask=self.on_device(mask),
-                                 image_grid_thw=self.on_device(grids_n), images_per_sample=self.on_device(per_n),
-                                 generation_config=gen_cfg, past_key_values=cache,
-                                 logits_processor=LogitsProcessorList([sampler]))
-    finally: self.ar.train(was_training)
+    with train_mode(self.ar, False), torch.no_grad():
+        model = self.sampling_model()   # the AR, or its merged copy (see `policy`)
+        out = model.generate(input_ids=self.on_device(ids), attention_mask=self.on_device(mask),
+                             image_grid_thw=self.on_device(grids_n), images_per_sample=self.on_device(per_n),
+                             generation_config=gen_cfg, past_key_values=cache,
+                             logits_processor=LogitsProcessorList([sampler]))
     logprobs = to_host(sampler.finish(out))  # on the generation device: the recorded distributions live there
     out = to_host(out)
     if out.shape[1] != ids.shape[1] + n_sampled or (out[:, ids.shape[1]:] >= self.codebook_size).any():
@@ -386,10 +382,7 @@ def token_logprobs(
     if rollout.sequences.max() >= self.ar.config.text_config.vocab_size:
         raise ValueError("token_logprobs: the rollout holds ids outside this model's vocabulary; it comes from another model.")
     out = []
-    grad = torch.is_grad_enabled()
-    was_training = self.ar.training
-    self.ar.train(grad)  # train mode only so gradient checkpointing engages; dropout is 0 in our LoRA and in GLM-Image
-    try:
+    with train_mode(self.ar, torch.is_grad_enabled()):   # dropout is 0 in our LoRA and in GLM-Image
         for start in range(0, N, mb):
             rows = slice(start, min(start + mb, N))
             seq = self.on_device(rollout.sequences[rows, :-1])
@@ -400,6 +393,4 @@ def token_logprobs(
             target = self.on_device(rollout.completion[rows]).clamp(max=logp.shape[-1] - 1)
             lp = logp.gather(-1, target[..., None])[..., 0]
             out.append(torch.where(self.on_device(rollout.completion_mask[rows]), lp, torch.zeros_like(lp)))
-    finally:
-        self.ar.train(was_training)
     return torch.cat(out, 0)

@@ -152,10 +152,10 @@ class GRPOTrainer:
         if self.output_dir is not None and self.accelerator.is_main_process: self._claim_output_dir(_resuming)
         named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
         self.ar_params = [p for n, p in named if n.startswith("vision_language_encoder.")]
-        self.dit_params = [p for n, p in named if n.startswith("transformer.")]
+        dit_named = [(n, p) for n, p in named if n.startswith("transformer.")]
+        self.dit_params = [p for _, p in dit_named]
         # DiffusionNFT's old policy: a copy of the DiT's LoRA weights that samples and anchors the implicit policies
-        self.old_dit = (OldAdapter([(n, p) for n, p in named if n.startswith("transformer.")])
-                        if c.train_dit and c.dit_objective == "nft" else None)
+        self.old_dit = OldAdapter(dit_named) if c.train_dit and c.dit_objective == "nft" else None
         lr_of = lambda half_lr: c.lr if half_lr is None else half_lr   # 0.0 is a learning rate, not "unset"
         groups = []
         if c.train_ar: groups.append({"params": self.ar_params, "lr": lr_of(c.ar_lr), "name": "ar"})
@@ -564,7 +564,7 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Ten
         metrics["ar/sampler_gap"] = ((s.rollout.logprobs - old_lp).abs()[mask].mean().item())   # mean |Δ log p| per token
     snap = self._snapshot() if snapshot is None else snapshot
     n, sec, self.skip_reason = len(s.prompts), {"update_ar": 0.0, "update_dit": 0.0}, None
-    pick = lambda x, rows: None if x is None else x.select(rows) if isinstance(x, NFTPoints) else x[rows]
+    pick = lambda x, rows: None if x is None else x[rows]   # log-probs, step means, velocities or NFT points
     for epoch in range(c.num_inner_epochs):
         self.optimizer.zero_grad(set_to_none=True)
         finite, agg = True, {}
