@@ -29,7 +29,7 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePi
 
 # %% auto #0
 __all__ = ['to_host', 'train_mode', 'quantize_4bit', 'quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds',
-           'generators', 'randn_rows', 'merged_weight', 'apply_adapters']
+           'generators', 'randn_rows', 'dense_weight', 'merged_weight', 'LowRankLinear', 'apply_adapters']
 
 # %% ../nbs/02_policy.ipynb #d8758c82
 def _lora_config(spec, targets, what):
@@ -65,18 +65,22 @@ def train_mode(module: torch.nn.Module, on: bool):
 # %% ../nbs/02_policy.ipynb #25eeacaf
 def quantize_4bit(module: torch.nn.Module, compute_dtype: torch.dtype, device, select=lambda name, lin: True) -> int:
     "Replace the Linear layers of `module` for which `select(name, layer)` holds by NF4 `bnb.nn.Linear4bit`; how many."
-    n = 0
-    for name, lin in list(module.named_modules()):
-        if type(lin) is not torch.nn.Linear or lin.in_features % 64 or not select(name, lin): continue  # 64 per NF4 block
-        q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
-                              compute_dtype=compute_dtype, compress_statistics=True, quant_type="nf4")
+    # only names are listed, so each replaced layer is freed as soon as its NF4 twin is in place, and the twin is built on
+    # the meta device, so no float32 weight is allocated and initialised first: building peaks near the model's size
+    names = [name for name, lin in module.named_modules()
+             if type(lin) is torch.nn.Linear and not lin.in_features % 64 and select(name, lin)]   # 64 per NF4 block
+    for name in names:
+        parent_name, _, leaf = name.rpartition(".")
+        parent = module.get_submodule(parent_name)
+        lin = getattr(parent, leaf)
+        q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None, compute_dtype=compute_dtype,
+                              compress_statistics=True, quant_type="nf4", device="meta")
         w = lin.weight.data if lin.weight.device.type == "cuda" else lin.weight.data.to("cpu", torch.float32)
         q.weight = bnb.nn.Params4bit(w.contiguous(), requires_grad=False, compress_statistics=True, quant_type="nf4")
         if lin.bias is not None: q.bias = torch.nn.Parameter(lin.bias.data.to(compute_dtype), requires_grad=False)
-        parent = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
-        setattr(parent, name.rsplit(".", 1)[-1], q.to(device))   # quantised on the way to `device`
-        n += 1
-    return n
+        del lin, w
+        setattr(parent, leaf, q.to(device))   # quantised on the way to `device`; the old layer goes with this line
+    return len(names)
 
 def quantize_dit_4bit(transformer: torch.nn.Module, compute_dtype: torch.dtype, device) -> int:
     "Replace the Linear layers inside the DiT's transformer blocks by NF4 `bnb.nn.Linear4bit`; returns how many."
@@ -100,7 +104,7 @@ class GlmImagePolicy(torch.nn.Module):
         self.ar_peft, self.source, self.load_in_4bit = None, None, load_in_4bit
         dev = next(vision_language_encoder.parameters()).device
         self.sampling_copy = dev.type == "cuda" if sampling_copy is None else bool(sampling_copy)
-        self._sampler, self._kv, self._kv_key = None, None, None   # see `sampling_model` and `sampling_cache`
+        self._sampler, self._kv, self.max_sampling_caches = None, {}, 2   # see `sampling_model` and `sampling_cache`
         self.sampling_compile = None   # a transformers.CompileConfig for the copy's decode step; None: transformers' default
         ar_cfg = _lora_config(ar_lora, AR_LORA_TARGETS, "ar_lora")
         with _renamed_checkpointing():
@@ -279,34 +283,93 @@ def reference(self: GlmImagePolicy):
         yield self
 
 # %% ../nbs/02_policy.ipynb #60b6eb97
-def merged_weight(layer: torch.nn.Module) -> torch.Tensor:
-    "A Linear's effective weight as a dense float32 tensor: NF4 dequantised, the active LoRA deltas added."
+def dense_weight(layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    "A Linear's base weight (under any LoRA) as a dense `dtype` tensor: NF4 dequantised, or the weight itself."
     base = layer.get_base_layer() if isinstance(layer, LoraLayer) else layer
     w = base.weight
-    dense = (bnb.functional.dequantize_4bit(w.data, w.quant_state) if isinstance(base, bnb.nn.Linear4bit) else w.detach())
-    dense = dense.to(torch.float32, copy=True)   # a copy even when already float32: the deltas are added in place
-    if isinstance(layer, LoraLayer) and not layer.disable_adapters:
-        for name in layer.active_adapters:
-            if name in layer.lora_A: dense += layer.get_delta_weight(name).float()
+    dense = bnb.functional.dequantize_4bit(w.data, w.quant_state) if isinstance(base, bnb.nn.Linear4bit) else w.detach()
+    return dense.to(dtype)
+
+def merged_weight(layer: torch.nn.Module) -> torch.Tensor:
+    "A Linear's effective weight as a dense float32 tensor: NF4 dequantised, the active LoRA deltas added."
+    dense = dense_weight(layer, torch.float32).clone()   # a copy even when already float32: the deltas are added in place
+    for A, B in _lora_factors(layer): dense += B.float() @ A.float()
     return dense
 
+def _lora_factors(layer: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    "(A, B·scaling) of each active LoRA adapter of `layer` (none when adapters are off or it has none)."
+    if not isinstance(layer, LoraLayer) or layer.disable_adapters: return []
+    return [(layer.lora_A[n].weight, layer.lora_B[n].weight * layer.scaling[n])
+            for n in layer.active_adapters if n in layer.lora_A]
+
+class LowRankLinear(torch.nn.Module):
+    "A Linear of the sampling copy: a dense base weight in the compute dtype, the adapters' low-rank product kept apart."
+    # Merged into a bf16 weight, a LoRA delta below half a bf16 step rounds away (early in training: all of it), and
+    # the sampler would draw from the base policy. Kept apart, the product is added as peft adds it: computed in the
+    # adapters' dtype, added to the base output, the sum cast back once.
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lora_A: torch.Tensor, lora_B: torch.Tensor):
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.register_buffer("weight", weight)
+        self.register_buffer("bias", bias)
+        self.register_buffer("lora_A", lora_A)   # [r, in]; r = 0: no adapter on this layer
+        self.register_buffer("lora_B", lora_B)   # [out, r], the scaling folded in
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.linear(x, self.weight, self.bias)
+        if not self.lora_A.shape[0]: return y
+        low = torch.nn.functional.linear(torch.nn.functional.linear(x.to(self.lora_A.dtype), self.lora_A), self.lora_B)
+        return (y + low).to(y.dtype)
+
+    @classmethod
+    def of(cls, layer: torch.nn.Module, dtype: torch.dtype) -> "LowRankLinear":
+        "The copy of `layer` (a Linear, NF4 or not, with or without LoRA): its base weight in `dtype`, its adapters."
+        if isinstance(layer, LoraLayer) and (layer.lora_variant or not isinstance(layer.get_base_layer(), torch.nn.Linear)):
+            raise ValueError(f"sampling_copy: {type(layer).__name__} has an adapter the copy cannot hold apart (DoRA or "
+                             "another LoRA variant); load the policy with sampling_copy=False.")
+        base = layer.get_base_layer() if isinstance(layer, LoraLayer) else layer
+        # frozen base tensors already in `dtype` are shared with the policy, not copied (without 4-bit: no second copy)
+        bias = None if base.bias is None else base.bias.detach().to(dtype)
+        A = next((a for a, _ in _lora_factors(layer)), None)
+        lora_dtype, w = torch.float32 if A is None else A.dtype, dense_weight(layer, dtype)
+        out = cls(w, bias, w.new_zeros((0, w.shape[1]), dtype=lora_dtype), w.new_zeros((w.shape[0], 0), dtype=lora_dtype))
+        out.refresh(layer)
+        return out
+
+    @torch.no_grad()
+    def refresh(self, layer: torch.nn.Module) -> None:
+        "Take `layer`'s active adapters now (zero inside `reference()`), in place while their rank stays."
+        factors = _lora_factors(layer)
+        if not factors:   # the base alone: the product is zero, with the shapes kept (no new graph)
+            self.lora_B.zero_()
+            return
+        A, B = torch.cat([a for a, _ in factors]), torch.cat([b for _, b in factors], dim=1)
+        if A.shape == self.lora_A.shape and A.dtype == self.lora_A.dtype: self.lora_A.copy_(A); self.lora_B.copy_(B)
+        else: self.lora_A, self.lora_B = A.detach().clone(), B.detach().clone()   # another rank: new tensors
+
 @patch
-def _write_sampling_lm(self: GlmImagePolicy, lm: torch.nn.Module) -> None:
-    "Fill `lm` (a plain copy of the AR's language model) with the current effective weights."
+def _build_sampling_lm(self: GlmImagePolicy, dtype: torch.dtype) -> torch.nn.Module:
+    "A plain copy of the AR's language model in `dtype`, built layer by layer (one dequantised weight at a time)."
     src = self.ar.model.language_model
+    with torch.device("meta"): lm = type(src)._from_config(src.config, dtype=dtype)
     with torch.no_grad():
-        for name, mod in lm.named_modules():
+        for name, mod in list(lm.named_modules()):
+            theirs = src.get_submodule(name)
             if isinstance(mod, torch.nn.Linear):
-                s = src.get_submodule(name)
-                mod.weight.copy_(merged_weight(s))
-                base = s.get_base_layer() if isinstance(s, LoraLayer) else s
-                if mod.bias is not None: mod.bias.copy_(base.bias)
-            else:
-                for k, p in mod.named_parameters(recurse=False): p.copy_(src.get_submodule(name).get_parameter(k))
-                for k, b in mod.named_buffers(recurse=False):
-                    theirs = src.get_submodule(name).get_buffer(k)
-                    if b.shape == theirs.shape and b.dtype == theirs.dtype: b.copy_(theirs)   # keeps its address
-                    else: mod.register_buffer(k, theirs.clone(), persistent=k not in mod._non_persistent_buffers_set)
+                parent, _, leaf = name.rpartition(".")
+                setattr(lm.get_submodule(parent), leaf, LowRankLinear.of(theirs, dtype))
+                continue
+            for k, p in list(mod.named_parameters(recurse=False)):   # norms, embeddings: frozen, taken once
+                mod._parameters[k] = torch.nn.Parameter(theirs.get_parameter(k).detach().to(dtype), requires_grad=False)
+            for k, b in list(mod.named_buffers(recurse=False)):      # rotary tables keep the dtype they are built in
+                mod._buffers[k] = theirs.get_buffer(k).detach().to(b.dtype)
+    return lm.eval()
+
+@patch
+def _refresh_sampling_copy(self: GlmImagePolicy) -> None:
+    "Give the copy the adapters as they are now: only the low-rank factors change (the base weights are frozen)."
+    for name, mod in self._sampler.named_modules():   # the copy mirrors the AR's module names
+        if isinstance(mod, LowRankLinear): mod.refresh(self.ar.get_submodule(name))
 
 def _decode_step_inputs(model, input_ids, **kwargs):
     "The copy's `prepare_inputs_for_generation`: decode steps get their M-RoPE positions here, outside the compiled forward."
@@ -320,32 +383,38 @@ def _decode_step_inputs(model, input_ids, **kwargs):
 
 @patch
 def sampling_cache(self: GlmImagePolicy, batch_size: int, length: int) -> StaticCache:
-    "The sampling copy's KV cache for `batch_size` sequences of up to `length` tokens: the last one, reset, if it fits."
-    # one cache at a time: a longer one serves shorter sequences too, so lengths only grow while the batch size stays
-    key = (batch_size, self.device)
-    if self._kv is not None and self._kv_key[0] == key and self._kv_key[1] >= length:
-        self._kv.reset()   # zeroed in place: same tensors
-        return self._kv
-    self._kv = None        # the old cache's memory is free before the new one is allocated
-    config = self.ar.config.get_text_config(decoder=True)
-    self._kv, self._kv_key = StaticCache(config=config, max_cache_len=length), (key, length)
-    return self._kv
+    "The sampling copy's KV cache for `batch_size` sequences of up to `length` tokens: one per batch size, reset in place."
+    # a longer cache serves shorter sequences too; at most `max_sampling_caches` batch sizes are kept (the least recently
+    # used goes first), so evaluation, an uneven last chunk or a halved batch do not reallocate the training batch's cache
+    key = (batch_size, str(self.device))
+    kv = self._kv.pop(key, None)
+    if kv is not None and kv[1] >= length: kv[0].reset()   # zeroed in place: same tensors, same CUDA graphs
+    else:
+        kv = None   # the old cache's memory is free before the new one is allocated
+        while self._kv and len(self._kv) >= self.max_sampling_caches: self._kv.pop(next(iter(self._kv)))
+        kv = (StaticCache(config=self.ar.config.get_text_config(decoder=True), max_cache_len=length), length)
+    self._kv[key] = kv   # the most recently used last
+    return kv[0]
+
+@patch
+def clear_sampling_caches(self: GlmImagePolicy) -> None:
+    "Free the sampling copy's KV caches (after an out-of-memory error, say); the next call allocates what it needs."
+    self._kv.clear()
 
 @patch
 def sampling_model(self: GlmImagePolicy) -> GlmImageForConditionalGeneration:
-    "The model `sample_tokens` decodes with: the AR itself, or (sampling_copy) the AR around the merged copy, refreshed."
+    "The model `sample_tokens` decodes with: the AR itself, or (sampling_copy) the AR around the copy, refreshed."
     if not self.sampling_copy: return self.ar
-    lm = self.ar.model.language_model
     if self._sampler is None:
-        dtype = self.ar.get_input_embeddings().weight.dtype
-        with torch.device("meta"): plain = type(lm)._from_config(lm.config, dtype=dtype)
-        plain = plain.to_empty(device=self.device).eval().requires_grad_(False)
+        dtype = self.dit_dtype   # the compute dtype: k-bit preparation left the AR's other parameters in float32
+        plain = self._build_sampling_lm(dtype)
         outer, inner = copy.copy(self.ar), copy.copy(self.ar.model)   # share every other submodule
         inner._modules = {**self.ar.model._modules, "language_model": plain}
-        outer._modules = {**self.ar._modules, "model": inner}
+        outer._modules = {**self.ar._modules, "model": inner, "lm_head": LowRankLinear.of(self.ar.lm_head, dtype)}
+        outer.hf_quantizer = None   # the copy holds no 4-bit layer: transformers may compile its decode step
         outer.prepare_inputs_for_generation = types.MethodType(_decode_step_inputs, outer)
         object.__setattr__(self, "_sampler", outer)   # not a registered submodule: not in parameters() or state_dict()
-    self._write_sampling_lm(self._sampler.model.language_model)
+    self._refresh_sampling_copy()
     return self._sampler
 
 # %% ../nbs/02_policy.ipynb #6bce8dec
