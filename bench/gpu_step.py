@@ -1,12 +1,15 @@
 """Benchmark: GRPO steps on GLM-Image at its released size (random weights, built in memory) on one CUDA GPU.
 
-NF4 base weights + rank-16 LoRA on both halves, the sampling copy, 1024x1024, 10 denoising steps with the window [0, 1],
-guidance 1.5, micro-batches of 1: two steps with G=4 x 2 prompts, two with G=8 x 2 prompts, and one image-to-image
-step with a 1024x1024 source. Prints one JSON object: per step the seconds of each phase, ms per sampled token,
+NF4 base weights + rank-16 LoRA on both halves, the sampling copy, 1024x1024, 10 denoising steps, micro-batches of 1:
+for Flow-GRPO (window [0, 1], guidance 1.5) and DiffusionNFT (guidance 1.0), two steps with G=8 x 1 prompt and two with
+G=4 x 2 prompts; then one image-to-image step with a 1024x1024 source. After every run the report so far is written to
+--out (default gpu_step.json) and a line is printed, so a run that fails loses nothing before it; a failed run is
+recorded with its error and the next one goes on. The report: per step the seconds of each phase, ms per sampled token,
 the peak allocated / reserved memory of each phase next to `memory.plan`'s prediction, and the ratio statistics of
 the first inner epoch (AR and DiT) with the sampler-vs-trainer gap, and how many graphs dynamo compiled
 (the first step of each run includes compiling the decode step).
-Run from the repository root on a machine with CUDA: python -m bench.gpu_step [--quick] [--model FOLDER_OR_HUB_ID]
+Run from the repository root on a machine with CUDA:
+python -m bench.gpu_step [--quick] [--model FOLDER_OR_HUB_ID] [--out FILE]
 (--model: load with `GlmImagePolicy.from_pretrained`, e.g. zai-org/GLM-Image or a folder written by
 `make_random_glm_image(path=...)`; without it the random model is built in memory)."""
 import contextlib
@@ -15,6 +18,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from glm_grpo_nb.cli import ALLOCATOR   # imports no torch
@@ -52,14 +56,16 @@ def timed_with_memory(seconds: dict, name: str):
         PEAKS[name] = (max(old[0], a), max(old[1], r))
 
 
-def run(policy, group_size, prompts_per_step, steps, sources=None, size=1024):
+def run(policy, group_size, prompts_per_step, steps, sources=None, size=1024, objective="flow_grpo"):
     data = [{"prompt": p, **({"source": sources} if sources else {})} for p in PROMPTS]
+    guidance, window = (1.5, [0, 1]) if objective == "flow_grpo" else (1.0, None)
     t = GRPOTrainer(policy, RednessReward(), data, group_size=group_size, prompts_per_step=prompts_per_step,
-                    height=size, width=size, num_steps=10, sde_window=[0, 1], guidance_scale=1.5, micro_batch_size=1,
-                    lr=1e-5, max_consecutive_skips=100)
+                    height=size, width=size, num_steps=10, sde_window=window, guidance_scale=guidance, micro_batch_size=1,
+                    lr=1e-5, max_consecutive_skips=100, dit_objective=objective)
     gh, gw = token_grid(size, size)
     pl = plan(height=size, width=size, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=True,
-              lora_rank=16, num_steps=10, sde_window=[0, 1], guidance_scale=1.5, micro_batch_size=1,
+              lora_rank=16, num_steps=10, sde_window=window, guidance_scale=guidance, micro_batch_size=1,
+              dit_objective=objective,
               decode_batch=t.config.decode_batch, sampling_copy=policy.sampling_copy,
               prompt_len=128 + (gh * gw if sources else 0))   # i2i: the source's codes are part of the prompt
     resident = sum(pl.resident.values()) / GB
@@ -78,8 +84,14 @@ def run(policy, group_size, prompts_per_step, steps, sources=None, size=1024):
             "ratio": {k: m.get(k) for k in ("ar/ratio_min", "ar/ratio_max", "dit/ratio_min", "dit/ratio_max",
                                             "ar/sampler_gap")},
             "skipped": res.skipped})
-    return {"setting": f"G={group_size} x {prompts_per_step} prompts, {size}x{size}" + (", i2i" if sources else ""),
-            "plan_peak_gb": round(pl.peak / GB, 2), "steps": out}
+    t.close()
+    return {"plan_peak_gb": round(pl.peak / GB, 2), "steps": out}
+
+
+def dynamo_counts() -> dict:
+    "How many graphs dynamo compiled so far, and its graph breaks (the decode step: one graph, none)."
+    from torch._dynamo.utils import counters
+    return {"unique_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
 
 
 if __name__ == "__main__":
@@ -97,13 +109,22 @@ if __name__ == "__main__":
     torch.cuda.synchronize()
     report = {"device": torch.cuda.get_device_name(), "model": model or "random, in memory", "torch": torch.__version__, "build_seconds": round(time.perf_counter() - t0, 1),
               "resident_gb": round(torch.cuda.memory_allocated() / GB, 2), "sampling_copy": policy.sampling_copy, "runs": []}
+    copy = policy.sampling_model() if policy.sampling_copy else None
+    report["sampling_copy_dtype"] = None if copy is None else str(copy.model.language_model.layers[0].mlp.down_proj.weight.dtype)
+    out = Path(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "gpu_step.json")
     steps = 1 if quick else 2
-    report["runs"].append(run(policy, 4, 2, steps, size=size))
-    report["runs"].append(run(policy, 8, 2, steps, size=size))
     source = Path(tempfile.mkdtemp()) / "source.png"
     Image.linear_gradient("L").convert("RGB").resize((size, size)).save(source)
-    report["runs"].append(run(policy, 4, 1, 1, sources=[str(source)], size=size))
-    from torch._dynamo.utils import counters
-    report["dynamo"] = {"unique_graphs": counters["stats"]["unique_graphs"],
-                        "graph_breaks": sum(counters["graph_break"].values())}   # the compiled decode step
+    runs = [dict(objective=o, group_size=g, prompts_per_step=p) for o in ("flow_grpo", "nft") for g, p in ((8, 1), (4, 2))]
+    runs.append(dict(objective="flow_grpo", group_size=4, prompts_per_step=1, sources=[str(source)]))
+    for r in runs:
+        setting = (f"{r['objective']}, G={r['group_size']} x {r['prompts_per_step']} prompts, {size}x{size}"
+                   + (", i2i" if r.get("sources") else ""))
+        t1 = time.perf_counter()
+        try: result = run(policy, steps=1 if r.get("sources") else steps, size=size, **r)
+        except Exception as e:   # recorded; the next setting still runs
+            result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
+        report["runs"].append({"setting": setting, **result, "seconds": round(time.perf_counter() - t1, 1), "dynamo": dynamo_counts()})
+        out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"{setting}: {'failed, ' + result['error'] if 'error' in result else 'done'}, written to {out}", flush=True)
     print(json.dumps(report, indent=1))

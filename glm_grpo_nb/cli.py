@@ -23,7 +23,7 @@ from .hub import check_folder, check_hub_model, check_image_size, mark_folder, m
 
 # %% auto #0
 __all__ = ['DEMO_PROMPTS', 'REWARD_NAMES', 'TRAIN_DEFAULTS', 'ALLOCATOR', 'COMMANDS', 'tiny', 'generate', 'demo', 'parse_rewards',
-           'config_options', 'train', 'serve_reward', 'plan', 'command_parser', 'main']
+           'config_options', 'process_device', 'train', 'serve_reward', 'plan', 'command_parser', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def tiny(
@@ -252,6 +252,14 @@ def config_options(parser: argparse.ArgumentParser, defaults: dict = TRAIN_DEFAU
         _add_option(parser, f.name, hints[f.name], f.metadata["help"] + shown, f.metadata["choices"], list_metavar="STEP")
     return parser
 
+def process_device(device: str | None, accelerator) -> "torch.device":
+    "This process's device: `--device` where it names one, else the accelerator's (under accelerate launch, cuda:<rank>)."
+    import torch   # here, not at import: the CLI starts without torch
+    # a bare "cuda" would put every process on the current device, cuda:0
+    asked = None if device is None else torch.device(device)
+    if asked is None or (asked.type == accelerator.device.type and asked.index is None): return accelerator.device
+    return asked
+
 def train(
     model: str = None,         # GLM-Image folder or hub id (required)
     prompts: str = None,       # prompts file (.txt/.jsonl/.csv), folder, or Hugging Face dataset id (required)
@@ -266,7 +274,7 @@ def train(
     dit_lora: int = 16,        # DiT LoRA rank
     load_in_4bit: bool = False,  # load the base weights in NF4 (QLoRA)
     resize: bool = False,      # resize targets/sources to height x width instead of refusing other sizes
-    device: str = None,        # torch device (default: CUDA if available)
+    device: str = None,        # torch device (default: the accelerator's, i.e. CUDA if available, one GPU per process)
     allow_changes: str = "",   # on resume: parts that may differ from the checkpoint (model,adapters,dataset,reward)
     **settings,                # GRPOConfig settings given as options (--group-size 4, --sde-window 0 1, ...)
 ):
@@ -294,12 +302,15 @@ def train(
         raise ValueError(f"train: --reward {reward} compares with {need[:-1]} images, but {n} of {len(dataset)} prompts "
                          f"have one; pass --{need} DIR (an image per prompt line: 0.png, 1.png, ...) or a .jsonl/.csv "
                          f"prompts file with a '{need[:-1]}' column.")
+    from accelerate import Accelerator
+    accelerator = Accelerator(project_dir=out)   # first: under accelerate launch each process has its own GPU
     policy = GlmImagePolicy.from_pretrained(model, load_in_4bit=load_in_4bit,
                                             ar_lora=ar_lora if config.train_ar else None,
                                             dit_lora=dit_lora if config.train_dit else None,
-                                            device=device, lora_seed=config.seed)
+                                            device=process_device(device, accelerator), lora_seed=config.seed)
     if checkpoints(Path(out) / "checkpoints"):
-        try: trainer = GRPOTrainer.resume(out, policy, reward_fn, dataset, allow_changes=allowed, output_dir=out, **settings)
+        try: trainer = GRPOTrainer.resume(out, policy, reward_fn, dataset, allow_changes=allowed, output_dir=out,
+                                          accelerator=accelerator, **settings)
         except ValueError as e:
             raise ValueError(f"{e}\n(--out {out} holds that run: run with the flags it was trained with, pass "
                              "--allow-changes with the parts to change, or use another --out.)") from None
@@ -307,7 +318,7 @@ def train(
         print(f"resumed from step {trainer.step_count} of {out}; " + (f"changed settings: {changed}" if changed else
               "settings as stored"))
     else:
-        trainer = GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out)
+        trainer = GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out, accelerator=accelerator)
     trainer.fit(max(0, steps - trainer.step_count))
     trainer.save()
     policy.save_adapters(Path(out) / "adapters")

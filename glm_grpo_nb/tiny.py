@@ -20,9 +20,9 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTr
 from .hub import MODEL_INDEX, atomic_folder, check_folder, quiet_io
 
 # %% auto #0
-__all__ = ['RELEASE_IDS', 'TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS', 'make_random_glm_image',
-           'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'make_tiny_vlm', 'color_rgb', 'palette_codes',
-           'codes_image', 'synthetic_scene', 'render_sign']
+__all__ = ['RELEASE_IDS', 'RELEASE_PIXELS', 'TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS',
+           'make_random_glm_image', 'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'make_tiny_vlm',
+           'color_rgb', 'palette_codes', 'codes_image', 'synthetic_scene', 'render_sign']
 
 # %% ../nbs/01_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -93,6 +93,8 @@ def _release_tokenizer():
     tokens += [fixed.get(i, f"<|reserved_{i}|>") for i in range(len(tokens), ids["vocab"])]
     return _char_tokenizer_with({t: i for i, t in enumerate(tokens)}, ids["codes"], ids["image_start"])
 
+RELEASE_PIXELS = (512 * 512, 2048 * 2048)   # the image sizes GLM-Image makes and takes (its processor's smart_resize)
+
 def make_random_glm_image(
     device: str | torch.device = "cpu",  # where to build it (a GPU: seconds; "meta": no memory, for counting)
     dtype: torch.dtype = torch.bfloat16,
@@ -105,8 +107,11 @@ def make_random_glm_image(
         path = Path(path).expanduser()
         check_folder(path, "model", "make_random_glm_image")   # before building 17B parameters
     tok, template, vocab = _release_tokenizer()
+    # source images keep their size between GLM-Image's smallest and largest (512² and 2048²): transformers' default
+    # limit (28·28·1280 pixels) would shrink a 1024² source to a 31 x 31 grid instead of the 32 x 32 a 1024² image has
     processor = GlmImageProcessor(
-        image_processor=GlmImageImageProcessorPil(patch_size=16, temporal_patch_size=1, merge_size=1),
+        image_processor=GlmImageImageProcessorPil(patch_size=16, temporal_patch_size=1, merge_size=1,
+                                                  min_pixels=RELEASE_PIXELS[0], max_pixels=RELEASE_PIXELS[1]),
         tokenizer=tok, chat_template=template)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -38,7 +38,7 @@ from .flow import LatentTrajectory, concat_trajectories
 from .nft import NFTPoints, OldAdapter, nft_decay, nft_loss, nft_optimality, nft_points
 
 # %% auto #0
-__all__ = ['Sample', 'StepResult', 'GRPOTrainer', 'OutOfMemory', 'TrainingStopped', 'FitSummary']
+__all__ = ['Sample', 'StepResult', 'GRPOTrainer', 'OutOfMemory', 'is_out_of_memory', 'TrainingStopped', 'FitSummary']
 
 # %% ../nbs/05_trainer.ipynb #edebe9e3
 @dataclass
@@ -265,28 +265,39 @@ class OutOfMemory(RuntimeError):
 _BATCH_OF = {"sample_ar": "ar_sample_batch", "sample_dit": "dit_sample_batch", "decode": "decode_batch",
              "update": "micro_batch_size"}
 
+def is_out_of_memory(e: BaseException) -> bool:
+    "torch's out-of-memory error, or a CUDA allocation failure that arrives as a plain RuntimeError (cuBLAS, cuDNN, graphs)."
+    if isinstance(e, torch.OutOfMemoryError): return True
+    return (isinstance(e, RuntimeError) and not isinstance(e, OutOfMemory)
+            and any(m in str(e) for m in ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+                                          "cudaErrorMemoryAllocation")))
+
 @patch
 def _retry_oom(self: GRPOTrainer, phase: str, n: int, run, before_retry=None):
     "`run()`; on out-of-memory, halve the phase's batch setting (of `n` samples) and retry, keeping the smaller one."
     name, tried = _BATCH_OF[phase], []
     while True:
         try: return run()
-        except torch.OutOfMemoryError as e:
-            size = min(getattr(self.config, name) or n, n)
-            tried.append(size)
-            gc.collect()
-            if torch.cuda.is_available(): torch.cuda.empty_cache()
-            if size <= 1:
-                raise OutOfMemory(f"out of memory in {phase} with {name}={' then '.join(map(str, tried))} ({e}). Lower "
-                                  f"what the step holds at once: height/width ({self.config.width}x{self.config.height}), "
-                                  f"group_size ({self.config.group_size}), prompts_per_step ({self.config.prompts_per_step}), "
-                                  f"num_steps ({self.config.num_steps}), or load the base weights in 4 bits; "
-                                  f"{self._plan_command()} shows what fits.") from None
-            self.config = self.config.replace(**{name: size // 2})
-            self._lowered[name] = size // 2
-            warnings.warn(f"GRPO step {self.step_count}: out of memory in {phase} with {name}={size}; retrying with "
-                          f"{name}={size // 2}, kept for the rest of the run.")
-            if before_retry is not None: before_retry()
+        except RuntimeError as e:   # torch.OutOfMemoryError is one
+            if not is_out_of_memory(e): raise
+            failure = f"{type(e).__name__}: {e}"   # only the message: the error and its frames go with this block ...
+        # ... so the failed attempt's activations are free before anything is cleaned up, restored or retried
+        self.policy.clear_sampling_caches()
+        gc.collect()
+        if torch.cuda.is_available(): torch.cuda.empty_cache()
+        size = min(getattr(self.config, name) or n, n)
+        tried.append(size)
+        if size <= 1:
+            raise OutOfMemory(f"out of memory in {phase} with {name}={' then '.join(map(str, tried))} ({failure}). Lower "
+                              f"what the step holds at once: height/width ({self.config.width}x{self.config.height}), "
+                              f"group_size ({self.config.group_size}), prompts_per_step ({self.config.prompts_per_step}), "
+                              f"num_steps ({self.config.num_steps}), or load the base weights in 4 bits; "
+                              f"{self._plan_command()} shows what fits.")
+        self.config = self.config.replace(**{name: size // 2})
+        self._lowered[name] = size // 2
+        warnings.warn(f"GRPO step {self.step_count}: out of memory in {phase} with {name}={size}; retrying with "
+                      f"{name}={size // 2}, kept for the rest of the run.")
+        if before_retry is not None: before_retry()
 
 @patch
 def _plan_command(self: GRPOTrainer) -> str:
