@@ -14,7 +14,7 @@ from fastcore.basics import patch
 
 from typing import TYPE_CHECKING
 
-from .policy import GlmImagePolicy, generators, randn_rows, train_mode
+from .policy import GlmImagePolicy, generators, randn_rows, to_host, train_mode
 if TYPE_CHECKING: from glm_grpo_nb.flow import LatentTrajectory  # stages never import each other at run time
 
 # %% auto #0
@@ -137,7 +137,7 @@ class OldAdapter:
             if decay == 0: w.copy_(p)
             else: w.mul_(decay).add_(p.detach(), alpha=1 - decay)
 
-    def state_dict(self) -> dict[str, torch.Tensor]: return {n: w.detach().cpu().contiguous() for n, w in zip(self.names, self.weights)}
+    def state_dict(self) -> dict[str, torch.Tensor]: return {n: to_host(w).contiguous() for n, w in zip(self.names, self.weights)}
 
     def load_state_dict(self, state: dict[str, torch.Tensor], where: str = "OldAdapter") -> None:
         "Load weights saved by `state_dict` (the same names and shapes, or a clear error)."

@@ -242,7 +242,7 @@ def fingerprint(self: GlmImagePolicy) -> dict:
         h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
     for w in (self.ar.get_input_embeddings().weight[:64], self.transformer.proj_out.weight):
         # rounded to bfloat16 so a float32 load and a bfloat16 load of the same weights agree
-        h.update(w.detach().to("cpu", torch.bfloat16).float().numpy().tobytes())
+        h.update(to_host(w).to(torch.bfloat16).float().numpy().tobytes())
     adapters = {}
     if self.ar_peft is not None: adapters["ar"] = _lora_summary(self.ar_peft.peft_config["default"])
     if self.has_dit_lora: adapters["dit"] = _lora_summary(self.transformer.peft_config["default"])

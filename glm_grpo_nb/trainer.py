@@ -403,7 +403,7 @@ def _sample_dit(self: GRPOTrainer, roll: TokenRollout, seed=None, initial_noise=
 @patch
 def _global_advantages(self: GRPOTrainer, rewards: torch.Tensor):
     acc = self.accelerator
-    local = rewards.to(acc.device)
+    local = self.policy.on_device(rewards)   # the accelerator's device: the policy was built on it
     full = to_host(acc.gather(local) if acc.num_processes > 1 else local)
     adv, stats = group_advantages(full, self.config.group_size, scale=self.config.advantage_scale)
     n = rewards.shape[0]
@@ -414,7 +414,7 @@ def _diversity(self: GRPOTrainer, images) -> float:
     "Mean within-group diversity of this step's images, over every process's groups."
     local = group_diversity(images, self.config.group_size).mean()
     acc = self.accelerator
-    return (acc.reduce(local.to(acc.device), reduction="mean").item() if acc.num_processes > 1 else local.item())
+    return (acc.reduce(self.policy.on_device(local), reduction="mean").item() if acc.num_processes > 1 else local.item())
 
 @patch
 def _reduce_grads(self: GRPOTrainer, params):

@@ -4,7 +4,20 @@ import pytest
 import torch
 from PIL import Image
 
-from device_boundary import DeviceBoundary, DeviceMix
+from device_boundary import DeviceBoundary, DeviceMix, DeviceMove
+
+
+def _package_function(source: str, name: str):
+    "A function compiled as if it were package code (the boundary looks at the caller's file)."
+    import glm_grpo_nb.policy as policy_module
+    namespace = {"torch": torch, "policy_module": policy_module}
+    exec(compile(source, policy_module.__file__, "exec"), namespace)
+    return namespace[name]
+
+
+made_here = _package_function("def made_here(device):\n    return torch.zeros(4, 1, device=device)", "made_here")
+draw = _package_function("def draw(gens, device):\n    return torch.randn(3, generator=gens[0], device=device)", "draw")
+moved_by_hand = _package_function("def moved_by_hand(x):\n    return x.cpu()", "moved_by_hand")
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +43,17 @@ def test_the_check_finds_a_mix_and_allows_what_cuda_allows(policy):
         logp[index[:, 0]]                             # indexing with host indices: CUDA accepts it
         logp.copy_(policy_module.to_host(logp))       # copies cross devices by design
         logp * policy_module.to_host(torch.tensor(2.0))   # a 0-d host tensor is a scalar to CUDA
+        with pytest.raises(DeviceMix):                # ... but a 0-d GPU tensor is not a scalar to a host tensor
+            policy.on_device(torch.tensor(2.0)) * index.float()
+        with pytest.raises(DeviceMix, match="sub"):   # a factory that names the policy's device makes a GPU tensor
+            made_here(policy.device) - index.float()
+        with pytest.raises(DeviceMix, match="generator"):   # noise drawn with a host generator onto the GPU
+            draw(policy_module.generators([0]), policy.device)
+        draw(policy_module.generators([0], policy.device), policy.device)   # a generator made for the GPU: fine
+        with pytest.raises(DeviceMove, match="cpu"):  # moves by hand, outside on_device / to_host
+            moved_by_hand(logp)
     assert policy.on_device(torch.ones(2)) is not None   # the policy is itself again after the block
+    assert policy.device.index is None
 
 
 def test_a_training_run_keeps_to_the_boundary(policy, tmp_path):
