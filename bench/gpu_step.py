@@ -37,7 +37,7 @@ from glm_grpo_nb.trainer import GRPOTrainer
 
 PROMPTS = ["a lighthouse on a cliff at dusk, oil painting", "a bowl of ramen on a wooden table, photo",
            "a poster that says 'GRPO' in bold red letters", "a cat astronaut floating above the earth"]
-PLAN_PHASE = {"sample_ar": ["sample tokens", "refresh sampling copy"], "sample_dit": ["sample latents"],
+PLAN_PHASE = {"sample_ar": ["sample tokens", "build sampling copy (first call)"], "sample_dit": ["sample latents"],
               "decode": ["decode"], "update_ar": ["update AR"], "update_dit": ["update DiT"]}   # trainer phase: plan's
 PEAKS: dict = {}
 
@@ -79,7 +79,7 @@ def run(policy, group_size, prompts_per_step, steps, sources=None, size=1024, ob
             "seconds": {k: round(v, 2) for k, v in sec.items()}, "step_seconds": round(sum(sec.values()), 1),
             "ms_per_token": round(1000 * sec["sample_ar"] / n_tokens, 2),
             "memory_gb": {k: {"allocated": round(a, 2), "reserved": round(r, 2),
-                              "plan": round(resident + max(sum(pl.phases[ph].values()) for ph in PLAN_PHASE[k]) / GB, 2)
+                              "plan": round(resident + max(sum(pl.phases.get(ph, {}).values()) for ph in PLAN_PHASE[k]) / GB, 2)
                               if k in PLAN_PHASE else None} for k, (a, r) in PEAKS.items()},
             "ratio": {k: m.get(k) for k in ("ar/ratio_min", "ar/ratio_max", "dit/ratio_min", "dit/ratio_max",
                                             "ar/sampler_gap")},

@@ -381,7 +381,7 @@ def plan(
     guidance_scale: float = 1.5,  # DiT guidance (<= 1: one branch)
     dit_objective: str = "flow_grpo",  # the DiT's objective: flow_grpo or nft (DiffusionNFT)
     decode_batch: int = 2,     # images the VAE decodes at once
-    sampling_copy: bool = True,  # a merged copy of the AR's language model samples the tokens (fast, about 18 GB)
+    sampling_copy: bool = True,  # a copy of the AR's language model samples the tokens (fast; about 18 GB under 4-bit)
     reward_model_params: int = 0,  # parameters of reward models on the GPU
     budget_gb: float = 80.0,   # GPU memory in GB
 ):

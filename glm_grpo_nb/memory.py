@@ -127,15 +127,20 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
     S = prompt_len + T
     kv_cache = 2 * L * kv * hd * S * N * dtype_bytes
     if sampling_copy:   # the copy keeps its static KV cache between calls (see `policy.sampling_cache`)
-        resident["sampling copy (AR language model)"] = module_weight_bytes(ar.model.language_model, dtype_bytes)
+        # under 4-bit a dense language model and head of its own in the compute dtype; without, it shares the frozen
+        # base; the adapters' factors (float32) apart from the weights, in both cases
+        dense = (module_weight_bytes(ar.model.language_model, dtype_bytes) + ar.lm_head.weight.numel() * dtype_bytes
+                 if load_in_4bit else 0)
+        factors = lora_params(ar, AR_LORA_TARGETS, lora_rank) * 4 if train in ("ar", "both") else 0
+        resident["sampling copy (AR language model)"] = dense + factors
         resident["sampling copy's KV cache"] = kv_cache
     resident["reward models"] = reward_model_params * dtype_bytes
     cfg = 2 if guidance_scale > 1 else 1
     phases = {"sample tokens": {**({} if sampling_copy else {"KV cache": kv_cache}),
                                 "logits + sampling (fp32)": N * tc.vision_vocab_size * 4 * 4}}
-    if sampling_copy:   # rewritten layer by layer before sampling: one float32 weight, plus its LoRA delta
+    if sampling_copy and load_in_4bit:   # built once, layer by layer: one dequantised weight at a time
         largest = max(m.weight.numel() for m in ar.model.language_model.modules() if isinstance(m, torch.nn.Linear))
-        phases["refresh sampling copy"] = {"largest layer in float32 (+ its LoRA delta)": (2 if train in ("ar", "both") else 1) * 4 * largest}
+        phases["build sampling copy (first call)"] = {"largest layer dequantised": largest * dtype_bytes}
     if train in ("ar", "both"):
         per_layer = mb * S * (6 * hidden + 3 * inter) * dtype_bytes          # one layer's activations (attn + gated MLP)
         saved = mb * S * hidden * dtype_bytes * L if gradient_checkpointing else per_layer * L
@@ -177,7 +182,7 @@ def plan(
     reward_model_params: int = 0,            # parameters of reward models on the GPU (e.g. 428_000_000 for CLIP-L)
     prompt_len: int = 128,                   # prompt tokens
     decode_batch: int = 2,                   # images the VAE decodes at once (GRPOConfig.decode_batch)
-    sampling_copy: bool = True,              # the merged copy of the AR's language model that samples tokens
+    sampling_copy: bool = True,              # the copy of the AR's language model that samples tokens
     budget_gb: float = 80.0,                 # GPU memory
     modules: dict | None = None,             # components to plan for (default: the real model on the meta device)
 ) -> MemoryPlan:

@@ -41,6 +41,33 @@ def test_sampling_copy_on_cuda_matches_in_float32(tiny_path):
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])   # ... as one graph
 
 
+def test_4bit_sampling_copy_is_bf16_and_compiled(tiny_path):
+    """Under 4-bit in bf16 (the CLI's path): the copy is bf16 with its own bf16 head, carries no quantizer, and transformers
+    compiles its decode step into one graph; small adapter changes reach it (the sampler gap stays at bf16 noise)."""
+    from torch._dynamo.utils import counters
+    from glm_grpo_nb.policy import GlmImagePolicy, LowRankLinear
+    torch._dynamo.reset(); counters.clear()
+    policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8, verbose=False)
+    copy = policy.sampling_model()
+    assert getattr(policy.ar, "hf_quantizer", None) is not None and copy.hf_quantizer is None
+    dtypes = {p.dtype for p in copy.model.language_model.parameters()} | {copy.lm_head.weight.dtype}
+    assert dtypes == {torch.bfloat16}, dtypes
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n: p.copy_(torch.randn(p.shape, generator=g).to(p) * 1e-4)   # far below a bf16 step
+    roll = policy.sample_tokens(["a red square", "a blue circle"], 4, 64, 64, seed=0)
+    assert counters["stats"]["unique_graphs"] >= 1 and sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert next(iter(policy._kv.values()))[0].layers[0].keys.dtype == torch.bfloat16   # the KV cache in bf16 too
+    with torch.no_grad(): gap = (roll.logprobs - policy.token_logprobs(roll)).abs()[roll.completion_mask].mean().item()
+    assert gap < 5e-3, gap
+    assert any(m.lora_A.shape[0] and m.lora_B.abs().max() > 0 for m in copy.modules() if isinstance(m, LowRankLinear))
+    graphs = counters["stats"]["unique_graphs"]
+    for step in range(2):   # the same batch size again: the cache is reused and nothing recompiles
+        policy.sample_tokens(["a red square", "a blue circle"], 4, 64, 64, seed=step)
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
 def test_model_rewards_on_cuda_match_cpu(tmp_path):
     "Reward models placed on the GPU: inputs go to their device, scores come back as CPU float tensors, as on the CPU."
     from PIL import Image
