@@ -159,7 +159,7 @@ def from_pretrained(
     device: str | torch.device | None = None,  # default: CUDA if available
     gradient_checkpointing: bool = True,       # recompute activations in backward (AR layers, DiT blocks)
     lora_seed: int = 0,              # seeds the adapters' random initialisation
-    sampling_copy: bool | None = None,  # sample tokens with a merged copy of the AR (static cache); None: on with CUDA
+    sampling_copy: bool | None = None,  # sample tokens with a dense copy of the AR (static cache); None: on with CUDA
     verbose: bool = True,            # print the trainable parameter count
 ) -> GlmImagePolicy:
     "Load every component of GLM-Image and attach the requested adapters."

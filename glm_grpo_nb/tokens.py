@@ -305,7 +305,7 @@ def sample_tokens(
     if self.sampling_copy:   # the copy's static cache: transformers compiles the decode step on CUDA
         gen_cfg.compile_config, cache = self.sampling_compile, self.sampling_cache(ids.shape[0], ids.shape[1] + n_sampled)
     with train_mode(self.ar, False), torch.no_grad():
-        model = self.sampling_model()   # the AR, or its merged copy (see `policy`)
+        model = self.sampling_model()   # the AR, or its dense copy (see `policy`)
         out = model.generate(input_ids=self.on_device(ids), attention_mask=self.on_device(mask),
                              image_grid_thw=self.on_device(grids_n), images_per_sample=self.on_device(per_n),
                              generation_config=gen_cfg, past_key_values=cache,
