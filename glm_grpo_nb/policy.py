@@ -309,7 +309,6 @@ class LowRankLinear(torch.nn.Module):
     # adapters' dtype, added to the base output, the sum cast back once.
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lora_A: torch.Tensor, lora_B: torch.Tensor):
         super().__init__()
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.register_buffer("weight", weight)
         self.register_buffer("bias", bias)
         self.register_buffer("lora_A", lora_A)   # [r, in]; r = 0: no adapter on this layer
@@ -330,10 +329,9 @@ class LowRankLinear(torch.nn.Module):
         base = layer.get_base_layer() if isinstance(layer, LoraLayer) else layer
         # frozen base tensors already in `dtype` are shared with the policy, not copied (without 4-bit: no second copy)
         bias = None if base.bias is None else base.bias.detach().to(dtype)
-        A = next((a for a, _ in _lora_factors(layer)), None)
-        lora_dtype, w = torch.float32 if A is None else A.dtype, dense_weight(layer, dtype)
-        out = cls(w, bias, w.new_zeros((0, w.shape[1]), dtype=lora_dtype), w.new_zeros((w.shape[0], 0), dtype=lora_dtype))
-        out.refresh(layer)
+        w = dense_weight(layer, dtype)
+        out = cls(w, bias, w.new_zeros((0, w.shape[1])), w.new_zeros((w.shape[0], 0)))   # no adapter yet: rank 0
+        out.refresh(layer)   # the adapters' factors, in their own dtype
         return out
 
     @torch.no_grad()
