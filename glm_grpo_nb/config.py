@@ -12,15 +12,20 @@ from dataclasses import dataclass, field
 from .hub import IMAGE_BLOCK, check_image_size, sde_steps
 
 # %% auto #0
-__all__ = ['setting', 'GRPOConfig']
+__all__ = ['DIT_OBJECTIVES', 'setting', 'GRPOConfig']
 
 # %% ../nbs/05a_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
     "A `GRPOConfig` field: its default, the line of help the CLI shows, and its allowed values when there are few."
     return field(default=default, metadata={"help": help, "choices": choices})
 
-# settings whose default depends on the DiT's objective
-_BY_OBJECTIVE = {"guidance_scale": {"flow_grpo": 1.5, "nft": 1.0}, "kl_type": {"flow_grpo": "mean", "nft": "velocity"}}
+# the DiT's objectives by name (glm_grpo_nb.objectives.OBJECTIVES; named here so that the CLI's choices need no torch)
+DIT_OBJECTIVES = ("flow_grpo", "nft")
+
+def _objective(name_or_objective):
+    "The objective's class: its default settings and checks (imported here: objectives need torch, the CLI does not)."
+    from glm_grpo_nb.objectives import objective_class
+    return objective_class(name_or_objective)
 
 @dataclass
 class GRPOConfig:
@@ -46,7 +51,8 @@ class GRPOConfig:
     train_ar: bool = setting(True, "update the AR adapters")
     train_dit: bool = setting(True, "update the DiT adapters")
     dit_objective: str = setting("flow_grpo", "the DiT's objective: flow_grpo (SDE steps' log-probs, PPO clip) or nft "
-                                 "(DiffusionNFT: the forward process of the clean samples; ODE sampling)", ("flow_grpo", "nft"))
+                                 "(DiffusionNFT: the forward process of the clean samples; ODE sampling); in Python "
+                                 "also an Objective object (glm_grpo_nb.objectives)", DIT_OBJECTIVES)
     mode: str = setting("joint", "joint: one group for both halves; decoupled: a group per half",
                         ("joint", "decoupled"))
     lr: float = setting(1e-4, "learning rate of both halves unless ar_lr / dit_lr are given")
@@ -86,12 +92,12 @@ class GRPOConfig:
                                        "fraction of the first step's (a sign of reward hacking; 0: never)")
 
     def __post_init__(self):
-        nft = self.dit_objective == "nft"
-        for name, default in _BY_OBJECTIVE.items():
-            if getattr(self, name) is None: setattr(self, name, default.get(self.dit_objective))
+        objective = _objective(self.dit_objective)   # a name it does not know is refused here, with the known ones
+        for name, default in objective.defaults.items():
+            if getattr(self, name) is None: setattr(self, name, default)
         for f in dataclasses.fields(self):
-            choices = f.metadata["choices"]
-            if choices and getattr(self, f.name) not in choices:
+            choices, v = f.metadata["choices"], getattr(self, f.name)
+            if choices and v not in choices and not (f.name == "dit_objective" and not isinstance(v, str)):
                 raise self._bad(f.name, "one of " + ", ".join(map(repr, choices)))
         for name, low in (("group_size", 2), ("prompts_per_step", 1), ("top_k", 0), ("num_steps", 1),
                           ("num_inner_epochs", 1), ("micro_batch_size", 1), ("decode_batch", 1),
@@ -115,16 +121,7 @@ class GRPOConfig:
                              "sde_type='cps' with it, or keep cps_logprob='density'.")
         if self.nft_decay_max >= 1: raise self._bad("nft_decay_max", "below 1 (at 1 the old policy would never move)")
         if self.diversity_warning >= 1: raise self._bad("diversity_warning", "a fraction below 1")
-        if nft and self.kl_type != "velocity":
-            raise ValueError("GRPOConfig: dit_objective='nft' has no SDE steps whose means a KL could compare; its KL is "
-                             "on the velocity: pass kl_type='velocity' (or leave it unset).")
-        if nft and self.nft_timesteps is not None and self.nft_timesteps > self.num_steps:
-            raise ValueError(f"GRPOConfig: nft_timesteps={self.nft_timesteps} is more than the schedule's num_steps="
-                             f"{self.num_steps} noise levels; pass at most {self.num_steps}.")
-        if self.train_dit and not nft and self.noise_level == 0:
-            raise ValueError("GRPOConfig: noise_level=0 makes every denoising step deterministic, so the DiT has no "
-                             "log-probs to train; pass noise_level > 0 (e.g. 0.7), dit_objective='nft' (which samples with the ODE), or "
-                             "train_dit=False.")
+        objective.check(self)   # what the objective cannot train with
         if self.height is not None or self.width is not None:
             check_image_size(IMAGE_BLOCK if self.height is None else self.height,
                              IMAGE_BLOCK if self.width is None else self.width, "GRPOConfig")
@@ -151,8 +148,12 @@ class GRPOConfig:
             raise ValueError(f"unknown setting(s) {', '.join(unknown)}; GRPOConfig has "
                              f"{', '.join(f.name for f in dataclasses.fields(self))}.")
         if "dit_objective" in changes:   # a setting left at the old objective's default takes the new one's
-            for name, default in _BY_OBJECTIVE.items():
-                if name not in changes and getattr(self, name) == default.get(self.dit_objective): changes[name] = None
+            for name, default in _objective(self.dit_objective).defaults.items():
+                if name not in changes and getattr(self, name) == default: changes[name] = None
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict: return dataclasses.asdict(self)
+    def to_dict(self) -> dict:
+        "The settings as plain values (what a checkpoint stores); an objective object by its name."
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if not isinstance(d["dit_objective"], str): d["dit_objective"] = d["dit_objective"].name
+        return {k: list(v) if isinstance(v, list) else v for k, v in d.items()}

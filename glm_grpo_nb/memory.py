@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .objectives import objective_class
 from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, check_image_size, lora_targeted, sde_steps, token_grid
 
 # %% auto #0
@@ -117,9 +118,18 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
               + (lora_params(dit, DIT_LORA_TARGETS, lora_rank) if train in ("dit", "both") else 0))
     resident["LoRA + grads + AdamW states (fp32)"] = n_lora * 16
     resident["step snapshot: LoRA + AdamW states"] = n_lora * 12   # what a failed step is restored from
-    nft = dit_objective == "nft" and train in ("dit", "both")
-    if nft:   # DiffusionNFT's old adapter (fp32) and its copy in the step snapshot
-        resident["old DiT LoRA (NFT) + its snapshot"] = lora_params(dit, DIT_LORA_TARGETS, lora_rank) * 8
+    dc, cfg = dit.config, 2 if guidance_scale > 1 else 1
+    inner = dc.num_attention_heads * dc.attention_head_dim
+    tokens = (height // 16) * (width // 16) + 64
+    lat = N * dc.in_channels * (height // 8) * (width // 8) * 4
+    per_block = mb * tokens * (12 * inner) * dtype_bytes
+    # what the objective holds: asked of it (objectives.Objective.plan_memory), in these sizes
+    sizes = dict(dit_lora_params=lora_params(dit, DIT_LORA_TARGETS, lora_rank), latents=lat, num_steps=num_steps,
+                 window_steps=len(sde_steps(sde_window, num_steps)), guidance_branches=cfg,
+                 forward=mb * tokens * inner * dtype_bytes * dc.num_layers if gradient_checkpointing else per_block * dc.num_layers,
+                 recompute=per_block if gradient_checkpointing else 0)
+    held, update_dit = objective_class(dit_objective, "plan").plan_memory(sizes)
+    if train in ("dit", "both"): resident.update(held)
     tc = ar.config.text_config
     L, hidden, inter, kv, hd = tc.num_hidden_layers, tc.hidden_size, tc.intermediate_size, tc.num_key_value_heads, tc.hidden_size // tc.num_attention_heads
     gh, gw = token_grid(height, width, "plan")
@@ -135,7 +145,6 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
         resident["sampling copy (AR language model)"] = dense + factors
         resident["sampling copy's KV cache"] = kv_cache
     resident["reward models"] = reward_model_params * dtype_bytes
-    cfg = 2 if guidance_scale > 1 else 1
     phases = {"sample tokens": {**({} if sampling_copy else {"KV cache": kv_cache}),
                                 "logits + sampling (fp32)": N * tc.vision_vocab_size * 4 * 4}}
     if sampling_copy and load_in_4bit:   # built once, layer by layer: one dequantised weight at a time
@@ -146,20 +155,9 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
         saved = mb * S * hidden * dtype_bytes * L if gradient_checkpointing else per_layer * L
         phases["update AR"] = {"activations": saved + (per_layer if gradient_checkpointing else 0),
                                "logits, log-softmax, grad (fp32)": 3 * mb * T * tc.vision_vocab_size * 4}
-    dc = dit.config
-    inner = dc.num_attention_heads * dc.attention_head_dim
-    tokens = (height // 16) * (width // 16) + 64
-    lat = N * dc.in_channels * (height // 8) * (width // 8) * 4
     phases["sample latents"] = {"latents, velocities (fp32)": 4 * lat,
                                 "DiT forward": cfg * N * tokens * (8 * inner) * dtype_bytes}
-    if train in ("dit", "both"):
-        # Flow-GRPO holds the window's steps (each guidance branch) until one backward; NFT one conditional forward
-        k, cfg = (1, 1) if nft else (len(sde_steps(sde_window, num_steps)), cfg)
-        per_block = mb * tokens * (12 * inner) * dtype_bytes
-        saved = (mb * tokens * inner * dtype_bytes * dc.num_layers if gradient_checkpointing else per_block * dc.num_layers)
-        label = "activations (one noise level, no guidance)" if nft else "activations (window steps x guidance branches)"
-        phases["update DiT"] = {label: k * cfg * saved + (per_block if gradient_checkpointing else 0)}
-        if nft: phases["update DiT"]["old velocities (fp32)"] = num_steps * lat
+    if train in ("dit", "both"): phases["update DiT"] = update_dit
     vc = vae.config
     # about two full-resolution maps of the widest block per image: 8 images at 1024x1024 decoded at once peaked
     # 15.4 GB above the weights on an H100 (bf16), i.e. 1.9 GB per image; this gives 2.0
@@ -177,7 +175,7 @@ def plan(
     micro_batch_size: int | None = 1,        # samples per forward/backward in the update
     num_steps: int = 10, sde_window=None,    # denoising steps and stochastic window (as in sample_latents)
     guidance_scale: float = 1.5,
-    dit_objective: str = "flow_grpo",        # the DiT's objective: "flow_grpo" or "nft" (GRPOConfig.dit_objective)
+    dit_objective: str = "flow_grpo",        # the DiT's objective: a name in objectives.OBJECTIVES, or an Objective
     dtype: str = "bfloat16",                 # compute dtype
     reward_model_params: int = 0,            # parameters of reward models on the GPU (e.g. 428_000_000 for CLIP-L)
     prompt_len: int = 128,                   # prompt tokens
@@ -192,8 +190,7 @@ def plan(
                     ("decode_batch", decode_batch)):
         if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"plan: {name} must be an int >= 1, got {v!r}.")
     check_image_size(height, width, "plan")
-    if dit_objective not in ("flow_grpo", "nft"):
-        raise ValueError(f"plan: dit_objective must be 'flow_grpo' or 'nft', got {dit_objective!r}.")
+    objective_class(dit_objective, "plan")   # a name it does not know is refused here
     if dtype not in DTYPE_BYTES: raise ValueError(f"plan: dtype must be one of {list(DTYPE_BYTES)}, got {dtype!r}.")
     mods = real_modules() if modules is None else modules
     args = dict(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=load_in_4bit,

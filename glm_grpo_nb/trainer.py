@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import gc
 import json
 import math
-import signal
-import sys
-import threading
 import time
 import warnings
 import weakref
@@ -22,23 +18,22 @@ from pathlib import Path
 import torch
 from fastcore.basics import patch
 from PIL import Image
-from tqdm.auto import tqdm
 
-from .checkpoint import (checkpoints, damaged, identity_differences, read_checkpoint, read_tensors,
-                                    resolve_checkpoint, rng_state, run_identity, set_rng_state, truncate_metrics,
-                                    write_checkpoint)
+from .checkpoint import checkpoints
 from .config import GRPOConfig
 from .data import PromptDataset, open_image
-from .hub import RunLock, mark_folder, model_size, remove_leftovers
-from .loss import aggregate, clipped_surrogate, gaussian_kl, group_advantages, kl_k3
+from .faults import FaultTolerance, OutOfMemory, TrainingStopped, is_out_of_memory
+from .hub import RunLock, mark_folder, model_size
+from .loss import group_advantages
+from .objectives import TokenGRPO, make_objective
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows, to_host
 from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward, group_diversity, reward_name
+from .run import FitSummary, RunLoop, _as_dataset, _columns
 from .tokens import TokenRollout, concat_rollouts
 from .flow import LatentTrajectory, concat_trajectories
-from .nft import NFTPoints, OldAdapter, nft_decay, nft_loss, nft_optimality, nft_points
 
 # %% auto #0
-__all__ = ['Sample', 'StepResult', 'GRPOTrainer', 'OutOfMemory', 'is_out_of_memory', 'TrainingStopped', 'FitSummary']
+__all__ = ['Sample', 'StepResult', 'GRPOTrainer', 'UpdateResult']
 
 # %% ../nbs/05_trainer.ipynb #edebe9e3
 @dataclass
@@ -111,12 +106,10 @@ class StepResult:
         return {"image/png": base64.b64encode(buf.getvalue()).decode(), "text/plain": repr(self)}
 
 # %% ../nbs/05_trainer.ipynb #becb5b34
-def _as_dataset(data):
-    if isinstance(data, PromptDataset): return data
-    return PromptDataset(data)
-
-class GRPOTrainer:
+class GRPOTrainer(FaultTolerance, RunLoop):
     "Step-through GRPO for GLM-Image's AR model and/or DiT decoder."
+    # the step's phases are here; snapshots, out-of-memory retries and signals in `faults`; fit, evaluate, save and
+    # resume in `run`; what each half trains with in `objectives`
     def __init__(
         self,
         policy: GlmImagePolicy,
@@ -154,8 +147,10 @@ class GRPOTrainer:
         self.ar_params = [p for n, p in named if n.startswith("vision_language_encoder.")]
         dit_named = [(n, p) for n, p in named if n.startswith("transformer.")]
         self.dit_params = [p for _, p in dit_named]
-        # DiffusionNFT's old policy: a copy of the DiT's LoRA weights that samples and anchors the implicit policies
-        self.old_dit = OldAdapter(dit_named) if c.train_dit and c.dit_objective == "nft" else None
+        # what each half trains with (objectives); the DiT's also says how the DiT samples, trained or not
+        self.objectives = {"ar": TokenGRPO(), "dit": make_objective(c.dit_objective)}
+        self.objectives["ar"].setup(self, [(n, p) for n, p in named if n.startswith("vision_language_encoder.")], c.train_ar)
+        self.objectives["dit"].setup(self, dit_named, c.train_dit)
         lr_of = lambda half_lr: c.lr if half_lr is None else half_lr   # 0.0 is a learning rate, not "unset"
         groups = []
         if c.train_ar: groups.append({"params": self.ar_params, "lr": lr_of(c.ar_lr), "name": "ar"})
@@ -258,67 +253,7 @@ def _sample_seeds(self: GRPOTrainer, step: int, n: int, salt: int = 0) -> list[i
     first = self.accelerator.process_index * n
     return [mix_seed(self.config.seed, step, salt, first + i) for i in range(n)]
 
-# %% ../nbs/05_trainer.ipynb #42b5d909
-class OutOfMemory(RuntimeError):
-    "A phase of a GRPO step ran out of GPU memory even with a batch of one."
-
-_BATCH_OF = {"sample_ar": "ar_sample_batch", "sample_dit": "dit_sample_batch", "decode": "decode_batch",
-             "update": "micro_batch_size"}
-
-def is_out_of_memory(e: BaseException) -> bool:
-    "torch's out-of-memory error, or a CUDA allocation failure that arrives as a plain RuntimeError (cuBLAS, cuDNN, graphs)."
-    if isinstance(e, torch.OutOfMemoryError): return True
-    return (isinstance(e, RuntimeError) and not isinstance(e, OutOfMemory)
-            and any(m in str(e) for m in ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
-                                          "cudaErrorMemoryAllocation")))
-
-@patch
-def _retry_oom(self: GRPOTrainer, phase: str, n: int, run, before_retry=None):
-    "`run()`; on out-of-memory, halve the phase's batch setting (of `n` samples) and retry, keeping the smaller one."
-    name, tried = _BATCH_OF[phase], []
-    while True:
-        try: return run()
-        except RuntimeError as e:   # torch.OutOfMemoryError is one
-            if not is_out_of_memory(e): raise
-            failure = f"{type(e).__name__}: {e}"   # only the message: the error and its frames go with this block ...
-        # ... so the failed attempt's activations are free before anything is cleaned up, restored or retried
-        self.policy.clear_sampling_caches()
-        gc.collect()
-        if torch.cuda.is_available(): torch.cuda.empty_cache()
-        size = min(getattr(self.config, name) or n, n)
-        tried.append(size)
-        if size <= 1:
-            raise OutOfMemory(f"out of memory in {phase} with {name}={' then '.join(map(str, tried))} ({failure}). Lower "
-                              f"what the step holds at once: height/width ({self.config.width}x{self.config.height}), "
-                              f"group_size ({self.config.group_size}), prompts_per_step ({self.config.prompts_per_step}), "
-                              f"num_steps ({self.config.num_steps}), or load the base weights in 4 bits; "
-                              f"{self._plan_command()} shows what fits.")
-        self.config = self.config.replace(**{name: size // 2})
-        self._lowered[name] = size // 2
-        warnings.warn(f"GRPO step {self.step_count}: out of memory in {phase} with {name}={size}; retrying with "
-                      f"{name}={size // 2}, kept for the rest of the run.")
-        if before_retry is not None: before_retry()
-
-@patch
-def _plan_command(self: GRPOTrainer) -> str:
-    "The `glm-grpo plan` command for this run's settings, with batches of one."
-    c = self.config
-    train = "both" if c.train_ar and c.train_dit else "ar" if c.train_ar else "dit"
-    window = f" --sde-window {' '.join(map(str, c.sde_window))}" if c.sde_window else ""
-    return (f"glm-grpo plan --height {c.height} --width {c.width} --group-size {c.group_size} --prompts-per-step "
-            f"{c.prompts_per_step} --{'' if self.policy.load_in_4bit else 'no-'}load-in-4bit --train {train} "
-            f"--micro-batch-size 1 --decode-batch 1 --num-steps {c.num_steps}{window} --guidance-scale {c.guidance_scale:g}"
-            f"{' --dit-objective nft' if c.dit_objective == 'nft' else ''}")
-
 # %% ../nbs/05_trainer.ipynb #1021385a
-def _columns(dataset: PromptDataset, idx):
-    "Prompts, targets (or None) and source lists (or None) of the dataset rows `idx`."
-    rows = [dataset[i] for i in idx]
-    prompts = [r["prompt"] for r in rows]
-    targets = [r["target"] for r in rows] if dataset.has_targets else None
-    sources = [r["sources"] for r in rows] if dataset.has_sources else None
-    return prompts, targets, sources
-
 def _repeat(xs, G):
     "Each element G times in a row (prompt-major), None stays None."
     return None if xs is None else [x for x in xs for _ in range(G)]
@@ -343,16 +278,14 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
     score = lambda reward_fn, images: evaluate_reward(reward_fn, images, ps, ts, ss, group_size=G)
     latent_kw = dict(num_steps=c.num_steps, sde_type=c.sde_type, sde_window=c.sde_window,
                      guidance_scale=c.guidance_scale, cps_logprob=c.cps_logprob)
-    # Flow-GRPO trains on the SDE steps it samples; DiffusionNFT samples with the ODE and the old adapter
-    dit_noise = 0.0 if c.dit_objective == "nft" else c.noise_level
-    old = self.old_dit.swapped if self.old_dit is not None else contextlib.nullcontext
+    dit = self.objectives["dit"]   # how the DiT samples for its objective: noise, and under which adapter
     decode = lambda traj: self._retry_oom("decode", len(ps), lambda: pol.decode(traj, self.config.decode_batch))
     with _timed(sec, "sample_ar"):
         roll = self._retry_oom("sample_ar", len(ps), lambda: self._sample_ar(prompts, sources, seeds(len(ps))))
     if c.mode == "joint":
         with _timed(sec, "sample_dit"):
-            with old(): traj = self._retry_oom("sample_dit", len(ps), lambda: self._sample_dit(
-                roll, noise_level=dit_noise, seed=seeds(len(ps), 1), **latent_kw))
+            with dit.sampling_adapter(): traj = self._retry_oom("sample_dit", len(ps), lambda: self._sample_dit(
+                roll, seed=seeds(len(ps), 1), **latent_kw, **dit.sampling()))
         with _timed(sec, "decode"): images = decode(traj)
         with _timed(sec, "reward"): reward = score(self.reward_fn, images)
         return Sample(ps, ts, ss, G, roll, traj, images, reward, seconds=sec)
@@ -364,7 +297,8 @@ def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | N
         firsts = roll.select([i * G for i in range(len(prompts)) for _ in range(G)]).regroup(G)
         def both():
             traj_ar = self._sample_dit(roll, noise_level=0.0, initial_noise=noise, **latent_kw)
-            with old(): return traj_ar, self._sample_dit(firsts, noise_level=dit_noise, seed=seeds(len(ps), 1), **latent_kw)
+            with dit.sampling_adapter():
+                return traj_ar, self._sample_dit(firsts, seed=seeds(len(ps), 1), **latent_kw, **dit.sampling())
         traj_ar, traj = self._retry_oom("sample_dit", len(ps), both)
     with _timed(sec, "decode"): images, dit_images = decode(traj_ar), decode(traj)
     with _timed(sec, "reward"):
@@ -436,126 +370,32 @@ def _micro_batches(self: GRPOTrainer, n):
     mb = n if self.config.micro_batch_size is None else self.config.micro_batch_size
     return [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
 
-@patch
-def _ar_loss(self: GRPOTrainer, roll, adv, ref_lp, old_lp):
-    c, lp, dev = self.config, self.policy.token_logprobs(roll), self.policy.on_device
-    mask = dev(roll.completion_mask)
-    loss, m = clipped_surrogate(lp, dev(old_lp), dev(adv), mask=mask,
-                                clip_range=c.clip_range, clip_range_high=c.clip_range_high, aggregation=c.aggregation)
-    if ref_lp is not None:
-        kl = aggregate(kl_k3(lp, dev(ref_lp), mask), mask, c.aggregation)
-        loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
-    return loss, m
-
-@patch
-def _dit_loss(self: GRPOTrainer, traj, adv, ref, old_lp=None):
-    "Flow-GRPO: the clipped surrogate over the stochastic steps (+ KL on their means or velocities to the reference)."
-    c, kl_on, dev = self.config, ref is not None, self.policy.on_device
-    velocity_kl = c.kl_type == "velocity"
-    out = self.policy.latent_logprobs(traj, return_means=kl_on and not velocity_kl, return_velocities=kl_on and velocity_kl)
-    lp, extra = out if kl_on else (out, None)
-    mask = dev(traj.stochastic[None].expand(lp.shape[0], -1))
-    loss, m = clipped_surrogate(lp, dev(traj.logprobs), dev(adv), mask=mask, clip_range=c.clip_range,
-                                clip_range_high=c.clip_range_high, aggregation=c.aggregation)
-    if kl_on:
-        kl = (((extra - dev(ref)) ** 2).mean() if velocity_kl
-              else gaussian_kl(extra, dev(ref), dev(traj.step_std[traj.stochastic])).mean())
-        loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
-    return loss, m
-
-@patch
-def _nft_loss(self: GRPOTrainer, traj, adv, _ref, points: NFTPoints, k: int):
-    "DiffusionNFT at the k-th noise level of each sample (+ KL on the velocity to the reference)."
-    c, dev = self.config, self.policy.on_device
-    idx = points.sigma_index[:, k]
-    v, target = self.policy.noised_velocity(traj, idx, points.noise[:, k])
-    v_old = dev(points.old_velocity[:, k])
-    loss = nft_loss(v, v_old, target, dev(traj.sigmas[idx]), dev(nft_optimality(adv, c.nft_adv_clip)),
-                    beta=c.nft_beta, adv_clip=c.nft_adv_clip).mean()
-    m = {"policy_loss": loss.item(), "old_deviate": ((v.detach() - v_old) ** 2).mean().item()}
-    if points.ref_velocity is not None:
-        kl = ((v - dev(points.ref_velocity[:, k])) ** 2).mean()
-        loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
-    return loss, m
 
 # %% ../nbs/05_trainer.ipynb #6797dc03
-@patch
-def _references(self: GRPOTrainer, s: Sample):
-    "Reference (adapters off) log-probs and Flow-GRPO step means or velocities, once per step, only with a KL term."
-    c = self.config
-    if c.kl_coef <= 0: return None, None
-    flow_grpo = c.train_dit and c.dit_objective == "flow_grpo" and s.trajectory.stochastic.any()
-    key = "return_velocities" if c.kl_type == "velocity" else "return_means"
-    with torch.no_grad(), self.policy.reference():
-        ref_lp = to_host(self.policy.token_logprobs(s.rollout, micro_batch_size=c.micro_batch_size)) if c.train_ar else None
-        ref_dit = (to_host(self.policy.latent_logprobs(s.trajectory, micro_batch_size=c.micro_batch_size, **{key: True})[1])
-                   if flow_grpo else None)
-    return ref_lp, ref_dit
+@dataclass
+class UpdateResult:
+    "What `update` did: its metrics, the advantages (the DiT's group's in decoupled mode) and seconds per half."
+    metrics: dict[str, float]
+    advantages: torch.Tensor       # [N]
+    dit_advantages: torch.Tensor   # [N] (joint mode: the same as advantages)
+    seconds: dict[str, float]      # update_ar, update_dit
+
+    def __iter__(self):   # metrics, adv, dit_adv, sec = trainer.update(s)
+        return iter((self.metrics, self.advantages, self.dit_advantages, self.seconds))
 
 @patch
-def _nft_points(self: GRPOTrainer, traj: LatentTrajectory) -> NFTPoints:
-    "This step's DiffusionNFT points (noise levels, noise) with the old policy's velocities, and the reference's if KL."
-    c, N = self.config, traj.num_samples
-    pts = nft_points(traj, c.nft_timesteps, self._sample_seeds(self.step_count, N, salt=3))
-    def velocities():
-        out = torch.empty_like(pts.noise)
-        for rows in self._micro_batches(N):
-            sub = traj.select(rows)
-            for k in range(pts.num_timesteps):
-                out[rows, k] = to_host(self.policy.noised_velocity(sub, pts.sigma_index[rows, k], pts.noise[rows, k])[0])
-        return out
-    with torch.no_grad():
-        with self.old_dit.swapped(): pts.old_velocity = velocities()
-        if c.kl_coef > 0:
-            with self.policy.reference(): pts.ref_velocity = velocities()
-    return pts
+def _halves(self: GRPOTrainer, s: Sample, adv, dit_adv) -> list[tuple]:
+    "(half, objective, its samples, their advantages) of each half this step trains."
+    c, objs = self.config, self.objectives
+    return [(half, objs[half], data, a) for half, on, data, a in (("ar", c.train_ar, s.rollout, adv),
+                                                                   ("dit", c.train_dit, s.trajectory, dit_adv))
+            if on and objs[half].learns_from(data)]
 
 @patch
-def _old_logprobs(self: GRPOTrainer, roll: TokenRollout) -> torch.Tensor:
-    "The AR samples' log-probs from the training forward (no grad, the update's micro-batches): the ratio's denominator."
-    # Whatever engine sampled the tokens (a bf16 copy with a static cache, say), the first inner epoch's ratio is then
-    # exactly 1; the sampler's own numbers only measure how far it drifts (`ar/sampler_gap`).
-    with torch.no_grad():
-        return torch.cat([to_host(self.policy.token_logprobs(roll.select(rows))) for rows in self._micro_batches(roll.num_samples)])
-
-def _copy_state(st: dict) -> dict:
-    return {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
-
-@patch(as_prop=True)
-def _trained(self: GRPOTrainer) -> list[torch.nn.Parameter]:
-    "The parameters the optimiser updates."
-    return [p for g in self.optimizer.param_groups for p in g["params"]]
-
-@patch
-def _snapshot(self: GRPOTrainer):
-    "Copies of what a step changes: the trained weights, the optimiser state, the counters and the history length."
-    params, state = self._trained, self.optimizer.state
-    old = None if self.old_dit is None else [w.clone() for w in self.old_dit.weights]
-    return ([p.detach().clone() for p in params], [_copy_state(state[p]) if p in state else None for p in params],
-            (self.step_count, self.consecutive_skips, self.skipped_total, len(self.history)), old)
-
-@patch
-def _restore(self: GRPOTrainer, snap) -> None:
-    "Put back what `_snapshot` copied (copies again, so a snapshot can be restored twice)."
-    weights, state, (self.step_count, self.consecutive_skips, self.skipped_total, n_hist), old = snap
-    with torch.no_grad():
-        for p, w, st in zip(self._trained, weights, state):
-            p.copy_(w)
-            if st is None: self.optimizer.state.pop(p, None)
-            else: self.optimizer.state[p] = _copy_state(st)
-        if old is not None:
-            for w, o in zip(self.old_dit.weights, old): w.copy_(o)
-    del self.history[n_hist:]
-
-@patch
-def _weights_finite(self: GRPOTrainer) -> bool:
-    return self._everywhere(bool(torch.stack([p.detach().isfinite().all() for p in self._trained]).all().item()))
-
-@patch
-def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Tensor, torch.Tensor, dict]:
-    "One GRPO update from a Sample: advantages, the halves' losses (+ KL), `num_inner_epochs` optimiser steps."
-    # returns (metrics, advantages, DiT advantages, seconds per half). All or nothing: if a loss, a gradient or, after
-    # an optimiser step, a weight is not finite, weights and optimiser state go back to `snapshot` (taken here if None)
+def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
+    "One GRPO update from a Sample: advantages, each trained half's objective, `num_inner_epochs` optimiser steps."
+    # All or nothing: if a loss, a gradient or, after an optimiser step, a weight is not finite, weights, optimiser
+    # state and the objectives' state go back to `snapshot` (taken here if None)
     c = self.config
     adv, stats, _ = self._global_advantages(s.reward.total)
     dit_adv = self._global_advantages(s.dit_reward.total)[0] if s.dit_reward is not None else adv
@@ -565,32 +405,24 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Ten
     if s.dit_reward is not None: metrics["dit_reward_mean"] = s.dit_reward.total.mean().item()
     metrics["diversity"] = self._diversity(s.images)
     if s.dit_images is not None: metrics["dit_diversity"] = self._diversity(s.dit_images)
-    nft = c.dit_objective == "nft"
-    train_dit = c.train_dit and (nft or bool(s.trajectory.stochastic.any()))
-    ref_lp, ref_dit = self._references(s)
-    points = self._nft_points(s.trajectory) if train_dit and nft else None
-    old_lp = self._old_logprobs(s.rollout) if c.train_ar else None
-    if old_lp is not None:
-        mask = s.rollout.completion_mask
-        metrics["ar/sampler_gap"] = ((s.rollout.logprobs - old_lp).abs()[mask].mean().item())   # mean |Δ log p| per token
+    halves, prepared = self._halves(s, adv, dit_adv), {}
+    for half, obj, data, _ in halves:   # once per step, without gradients: old log-probs, references, points
+        prepared[half], m = obj.prepare(data)
+        metrics.update({f"{half}/{k}": v for k, v in m.items()})
     snap = self._snapshot() if snapshot is None else snapshot
     n, sec, self.skip_reason = len(s.prompts), {"update_ar": 0.0, "update_dit": 0.0}, None
-    pick = lambda x, rows: None if x is None else x[rows]   # log-probs, step means, velocities or NFT points
     for epoch in range(c.num_inner_epochs):
         self.optimizer.zero_grad(set_to_none=True)
         finite, agg = True, {}
         for rows in self._micro_batches(n):
             w = len(rows) / n
-            for half, on, fn, data, a, ref, old in (
-                ("ar", c.train_ar, self._ar_loss, s.rollout, adv, ref_lp, old_lp),
-                ("dit", train_dit, self._nft_loss if nft else self._dit_loss, s.trajectory, dit_adv, ref_dit, points)):
-                if not on: continue
-                # NFT: one backward per noise level, so one DiT forward's activations are held at a time
-                parts = [dict(k=k) for k in range(points.num_timesteps)] if half == "dit" and nft else [{}]
-                for part in parts:
-                    pw = w / len(parts)
+            for half, obj, data, a in halves:
+                mine = {k: v[rows] for k, v in prepared[half].items()}
+                parts = obj.num_parts(prepared[half])   # one backward each, so one part's activations live at a time
+                for part in range(parts):
+                    pw = w / parts
                     with _timed(sec, f"update_{half}"):
-                        loss, m = fn(data.select(rows), a[rows], pick(ref, rows), pick(old, rows), **part)
+                        loss, m = obj.loss(data.select(rows), a[rows], mine, part)
                         if not torch.isfinite(loss): finite = False
                         else: (loss * pw).backward()
                     for k, v in [("loss", loss.item())] + list(m.items()):
@@ -599,8 +431,8 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Ten
                         elif k.endswith("_max"): agg[key] = max(agg.get(key, v), v)
                         else: agg[key] = agg.get(key, 0.0) + pw * v
         norms = {}
-        for half, params, on in (("ar", self.ar_params, c.train_ar), ("dit", self.dit_params, train_dit)):
-            if not on: continue
+        for half, *_ in halves:
+            params = self.ar_params if half == "ar" else self.dit_params
             self._reduce_grads(params)
             norms[half] = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm).item()
             agg[f"{half}/grad_norm"] = norms[half]
@@ -616,12 +448,10 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> tuple[dict, torch.Ten
         if self.skip_reason is not None:
             self._restore(snap)   # the whole step is undone, earlier inner epochs included
             break
-    if self.skip_reason is None and points is not None:   # the old policy follows (restored with the step if it fails)
-        decay = nft_decay(self.step_count + 1, c.nft_decay_rate, c.nft_decay_max, c.nft_decay_warmup)
-        self.old_dit.update(decay)
-        metrics["dit/old_decay"] = decay
+    if self.skip_reason is None:   # e.g. DiffusionNFT's old adapter follows (restored with the step if it fails)
+        for half, obj, *_ in halves: metrics.update({f"{half}/{k}": v for k, v in obj.after_step(self.step_count + 1).items()})
     metrics["skipped"] = float(self.skip_reason is not None)
-    return metrics, adv, dit_adv, sec
+    return UpdateResult(metrics, adv, dit_adv, sec)
 
 # %% ../nbs/05_trainer.ipynb #ea97db1b
 @patch
@@ -713,207 +543,3 @@ def _write_row(self: GRPOTrainer, row: dict):
         if f is not None and f.exists():
             with contextlib.suppress(OSError), open(f, "r+") as fh: fh.truncate(size)
         raise
-
-# %% ../nbs/05_trainer.ipynb #5e6580e1
-class TrainingStopped(SystemExit):
-    "`fit` stopped by SIGINT/SIGTERM after checkpointing the last completed step; uncaught, exits with 128 + signal."
-    def __init__(self, signum: int, step: int, checkpoint: Path | None):
-        super().__init__(128 + signum)
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-
-class _StopOnSignals:
-    "While `fit` runs, the first SIGINT/SIGTERM asks it to stop; a second one stops at once."
-    # A first signal during sampling interrupts the step (which is then undone: steps are all or nothing); during the
-    # update and logging, the step finishes first. With several processes the first signal never interrupts: the
-    # processes agree after the step, so none is left waiting in a collective.
-    def __init__(self, trainer): self.trainer, self.signum, self.count, self.previous = trainer, None, 0, {}
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM): self.previous[s] = signal.signal(s, self._handle)
-        return self
-    def __exit__(self, *exc):
-        for s, h in self.previous.items(): signal.signal(s, h)
-    def _handle(self, signum, frame):
-        self.count += 1
-        first, t = self.count == 1, self.trainer
-        if first: self.signum = signum
-        if not first or (not t._finishing and t.accelerator.num_processes == 1):
-            raise KeyboardInterrupt(signal.Signals(signum).name)
-
-class FitSummary(list):
-    "The metrics rows of the steps `fit` ran (a list of dicts), shown as a few lines."
-    stopped_by: str | None = None
-    def __repr__(self):
-        rows = [r for r in self if "reward_mean" in r]
-        if not rows: return f"fit: {len(self)} steps" + (f", stopped by {self.stopped_by}" if self.stopped_by else "")
-        k = max(1, len(rows) // 4)
-        mean = lambda rs, key: sum(r.get(key, 0.0) for r in rs) / len(rs)
-        secs = [sum(v for key, v in r.items() if key.startswith("seconds/")) for r in rows]
-        lines = [f"fit: steps {rows[0]['step']}-{rows[-1]['step']} ({len(self)} steps, {sum(r.get('skipped', 0) > 0 for r in rows)} "
-                 f"skipped, {sum(secs) / len(secs):.2f} s/step)" + (f", stopped by {self.stopped_by}" if self.stopped_by else ""),
-                 f"reward {mean(rows[:k], 'reward_mean'):+.4f} (first {k}) -> {mean(rows[-k:], 'reward_mean'):+.4f} (last {k}), "
-                 f"std {rows[-1].get('reward_std', 0.0):.4f}, zero-std groups {mean(rows[-k:], 'zero_std_fraction'):.0%}"
-                 + (f", diversity {mean(rows[:k], 'diversity'):.3f} -> {mean(rows[-k:], 'diversity'):.3f}" if "diversity" in rows[0] else "")]
-        evals = [r for r in self if "eval/reward" in r]
-        held = [r for r in evals if "eval/heldout" in r]
-        if evals: lines.append(f"eval reward {evals[0]['eval/reward']:+.4f} -> {evals[-1]['eval/reward']:+.4f}"
-                               + (f", held-out reward {held[0]['eval/heldout']:+.4f} -> {held[-1]['eval/heldout']:+.4f}" if held else ""))
-        return "\n".join(lines)
-
-@patch
-def fit(self: GRPOTrainer, num_steps: int, callback=None, progress: bool = True, live: bool | None = None,
-        log_every: int = 10) -> FitSummary:
-    "Run `num_steps` GRPO steps; returns their metrics. `callback(trainer, step_result)` runs after each step."
-    # Ctrl-C or SIGTERM: the step in flight is undone (or finished, if updating), the last completed step is
-    # checkpointed when there is an output_dir, and one line says so; then, outside a notebook, TrainingStopped
-    # (exit code 130 / 143) is raised, and in a notebook fit returns with the trainer ready to continue.
-    from glm_grpo_nb.widgets import LivePlot, in_notebook
-    if num_steps < 0: raise ValueError(f"fit: num_steps must be >= 0, got {num_steps}.")
-    c = self.config
-    start, main = len(self.history), self.accelerator.is_main_process
-    show = progress and main
-    notebook = in_notebook()
-    plot = LivePlot() if show and (live if live is not None else notebook) else None
-    bar = tqdm(range(num_steps), desc="GRPO", disable=not show)
-    agreed = None   # the signal every process stops for (with several processes, any one's)
-    with _StopOnSignals(self) as stop:
-        for i in bar:
-            try:
-                res = self.step()
-                m = res.metrics
-                kl = m.get('ar/approx_kl', 0.0) + m.get('dit/approx_kl', 0.0)
-                bar.set_postfix(reward=f"{m.get('reward_mean', float('nan')):.4f}", kl=f"{kl:.2e}")
-                if plot is not None: plot(self, res)
-                elif show and not notebook and log_every and (i + 1) % log_every == 0:
-                    tqdm.write(f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}, "
-                               f"approx KL {kl:.2e}, clip {m.get('ar/clip_fraction', 0.0) + m.get('dit/clip_fraction', 0.0):.3f}, "
-                               f"{sum(res.seconds.values()):.2f} s")
-                if c.eval_every and self.eval_dataset is not None and self.step_count % c.eval_every == 0:
-                    ev = {f"eval/{k}": v for k, v in self.evaluate().items()}
-                    self._write_row({"step": res.step, **ev})   # a row of its own in metrics.jsonl
-                    self.history[-1].update(ev)
-                if c.save_every and self.output_dir is not None and self.step_count % c.save_every == 0:
-                    self.save()
-                if callback is not None: callback(self, res)
-            except KeyboardInterrupt:
-                if stop.signum is None or stop.count > 1: raise   # not ours (a callback's, say), or a second signal
-            agreed = self._stop_agreed(stop.signum)
-            if agreed: break
-        bar.close()
-        summary = FitSummary(self.history[start:])
-        if agreed is None: return summary
-        return self._stopped(agreed, summary, notebook)
-
-@patch
-def _stop_agreed(self: GRPOTrainer, signum: int | None) -> int | None:
-    "The signal that stops every process (any process's), or None; one collective per step with several processes."
-    acc = self.accelerator
-    if acc.num_processes == 1: return signum
-    got = int(acc.reduce(torch.tensor([float(signum or 0)], device=acc.device), reduction="max").item())
-    return got or None
-
-@patch
-def _stopped(self: GRPOTrainer, signum: int, summary: FitSummary, notebook: bool):
-    "Checkpoint the last completed step (if there is an output_dir), say so in one line, then stop."
-    name = signal.Signals(signum).name
-    summary.stopped_by = name
-    saved = None
-    if self.output_dir is not None and self.step_count > 0:
-        done = checkpoints(self.output_dir / "checkpoints")
-        # with several processes every one calls save (it waits for all); alone, a checkpoint of this step is kept
-        on_disk = self.accelerator.num_processes == 1 and done and done[-1].name == f"step-{self.step_count:06d}"
-        saved = done[-1] if on_disk else self.save()
-    if self.accelerator.is_main_process:
-        how = (f"saved {saved}; continue with GRPOTrainer.resume({str(self.output_dir)!r}, ...) or the same glm-grpo "
-               "train command" if saved else "nothing saved (no output_dir); call fit() again to continue")
-        print(f"{name}: stopped after {self.step_count} steps ({len(summary)} in this fit); {how}.", file=sys.stderr, flush=True)
-    if notebook: return summary
-    self.close()
-    raise TrainingStopped(signum, self.step_count, saved)
-
-@patch
-def evaluate(self: GRPOTrainer, prompts=None, seed: int = 12345, eval_reward=None) -> dict[str, float]:
-    "Mean reward per component on `prompts` (default: eval_prompts), fixed seeds, ODE sampling, one image per prompt."
-    # eval_reward (default: the trainer's): a held-out reward also scored, as `heldout` and `heldout/<component>`
-    data = _as_dataset(prompts) if prompts is not None else self.eval_dataset
-    if data is None: raise ValueError("evaluate: no prompts; pass eval_prompts= to the trainer or prompts= here.")
-    ps, targets, sources = _columns(data, range(len(data)))
-    c = self.config
-    with torch.no_grad():
-        roll = self.policy.sample_tokens(ps, 1, c.height, c.width, images=sources, temperature=c.temperature,
-                                         top_k=c.top_k, top_p=c.top_p, seed=seed)
-        traj = self.policy.sample_latents(roll, num_steps=c.num_steps, noise_level=0.0, guidance_scale=c.guidance_scale,
-                                          seed=seed)
-        images = self.policy.decode(traj, c.decode_batch)
-        out = evaluate_reward(self.reward_fn, images, ps, targets, sources, normalize=False)
-        res = {"reward": out.total.mean().item(), **{k: v.mean().item() for k, v in out.components.items()}}
-        held = self.eval_reward if eval_reward is None else eval_reward
-        if held is not None:
-            h = evaluate_reward(held, images, ps, targets, sources, normalize=False)
-            res.update({"heldout": h.total.mean().item(), **{f"heldout/{k}": v.mean().item() for k, v in h.components.items()}})
-    return res
-
-# %% ../nbs/05_trainer.ipynb #9ba11b87
-@patch
-def _run_identity(self: GRPOTrainer) -> dict:
-    return run_identity(self.policy, self.dataset, self.reward_fn, self.ar_reward_fn, self.dit_reward_fn)
-
-@patch
-def save(self: GRPOTrainer, directory: str | Path | None = None) -> Path | None:
-    "Write a checkpoint (default: output_dir/checkpoints/step-NNNNNN), atomically; prune old ones."
-    acc = self.accelerator
-    if directory is None:
-        if self.output_dir is None: raise ValueError("save: pass a directory, or give the trainer an output_dir.")
-        directory = self.output_dir / "checkpoints" / f"step-{self.step_count:06d}"
-    directory = Path(directory)
-    ours = self.output_dir is not None and directory.parent == self.output_dir / "checkpoints"
-    if acc.is_main_process:
-        if self._lock is not None: self._lock.check()
-        state = {"step": self.step_count, "history": self.history, "consecutive_skips": self.consecutive_skips,
-                 "skipped_total": self.skipped_total, "config": self.config.to_dict(), "run": self._run_identity(),
-                 "rng": rng_state()}
-        tensors = {"old_dit": self.old_dit.state_dict()} if self.old_dit is not None else {}
-        write_checkpoint(directory, self.policy, self.optimizer, state, keep=self.config.keep_checkpoints if ours else None,
-                         tensors=tensors)
-    acc.wait_for_everyone()
-    return directory
-
-# %% ../nbs/05_trainer.ipynb #22d2ac54
-@patch(cls_method=True)
-def resume(cls: GRPOTrainer, directory: str | Path, policy: GlmImagePolicy, reward_fn, dataset,
-           allow_changes: tuple[str, ...] = (), **overrides) -> GRPOTrainer:
-    "A trainer continuing exactly from a checkpoint (or the latest one in an output_dir); `overrides` change settings."
-    # allow_changes: parts of the run that may differ from the checkpoint's ("model", "adapters", "dataset", "reward")
-    ckpt = resolve_checkpoint(directory)
-    state, opt = read_checkpoint(ckpt)
-    if "output_dir" not in overrides and ckpt.parent.name == "checkpoints": overrides["output_dir"] = ckpt.parent.parent
-    try: stored = GRPOConfig(**state["config"])
-    except (TypeError, ValueError, KeyError) as e: raise damaged(ckpt / "trainer_state.json", e) from None
-    settings = {k: v for k, v in overrides.items() if k in stored.to_dict()}
-    dataset = _as_dataset(dataset)
-    now = run_identity(policy, dataset, reward_fn, overrides.get("ar_reward_fn"), overrides.get("dit_reward_fn"))
-    refused = {k: v for k, v in identity_differences(state.get("run"), now).items() if k not in allow_changes}
-    if refused:   # checked before the trainer exists: a refused resume takes no lock and loads nothing
-        raise ValueError(f"resume: {ckpt} belongs to a run with another " + ", ".join(refused) + ":\n  "
-                         + "\n  ".join(refused.values()) + f"\nResume with what the run was trained with, or pass "
-                         f"allow_changes={tuple(refused)} to continue it anyway.")
-    trainer = cls(policy, reward_fn, dataset, config=stored, _resuming=True, **overrides)
-    groups = [len(g["params"]) for g in opt.get("param_groups", [])]
-    if groups != [len(g["params"]) for g in trainer.optimizer.param_groups]:
-        trainer.close()
-        raise ValueError(f"resume: {ckpt / 'optimizer.pt'} holds optimiser state for parameter groups of sizes {groups}, "
-                         "but this trainer trains others; resume with the checkpoint's train_ar/train_dit settings.")
-    policy.load_adapters(ckpt / "adapters")
-    trainer.optimizer.load_state_dict(opt)
-    if trainer.old_dit is not None:   # DiffusionNFT's old policy; a run that did not have one starts it from the adapters
-        saved = read_tensors(ckpt, "old_dit")
-        if saved is None: trainer.old_dit.update(0.0)
-        else: trainer.old_dit.load_state_dict(saved, f"resume: {ckpt / 'old_dit.safetensors'}")
-    trainer.step_count, trainer.history = state["step"], state["history"]
-    trainer.consecutive_skips, trainer.skipped_total = state["consecutive_skips"], state["skipped_total"]
-    trainer.changed_settings = {k: (getattr(stored, k), v) for k, v in settings.items() if getattr(stored, k) != v}
-    set_rng_state(state["rng"])
-    if trainer._lock is not None:   # this run's folder: drop what came after the checkpoint
-        truncate_metrics(trainer.output_dir / "metrics.jsonl", trainer.step_count)
-        remove_leftovers(trainer.output_dir / "checkpoints")
-    return trainer
