@@ -56,6 +56,17 @@ def _restore(self: FaultTolerance, snap) -> None:
 def _weights_finite(self: FaultTolerance) -> bool:
     return self._everywhere(bool(torch.stack([p.detach().isfinite().all() for p in self._trained]).all().item()))
 
+# %% ../nbs/05d_faults.ipynb #a1f0000c
+@patch
+def _count_skip(self: FaultTolerance, why):
+    self.consecutive_skips += 1; self.skipped_total += 1
+    warnings.warn(f"GRPO step {self.step_count}: update skipped, {why}; weights and optimiser state are untouched.")
+    if self.consecutive_skips > self.config.max_consecutive_skips:
+        raise RuntimeError(f"{self.consecutive_skips} GRPO updates in a row were skipped ({why}). Likely causes: a "
+                           "learning rate too high for the adapters, a reward that returns NaN/inf for some images, or "
+                           "half-precision overflow (try torch_dtype=torch.bfloat16 or float32).")
+
+
 # %% ../nbs/05d_faults.ipynb #42b5d909
 class OutOfMemory(RuntimeError):
     "A phase of a GRPO step ran out of GPU memory even with a batch of one."

@@ -6,9 +6,12 @@
 # %% ../nbs/05e_run.ipynb #b2e00004
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
+import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -21,7 +24,7 @@ from .checkpoint import (checkpoints, damaged, identity_differences, read_checkp
 from .config import DIT_OBJECTIVES, GRPOConfig
 from .data import PromptDataset
 from .faults import TrainingStopped, _StopOnSignals
-from .hub import remove_leftovers
+from .hub import RunLock, mark_folder, remove_leftovers
 from .policy import GlmImagePolicy
 from .rewards import evaluate_reward
 
@@ -43,6 +46,47 @@ def _columns(dataset: PromptDataset, idx):
     targets = [r["target"] for r in rows] if dataset.has_targets else None
     sources = [r["sources"] for r in rows] if dataset.has_sources else None
     return prompts, targets, sources
+
+
+# %% ../nbs/05e_run.ipynb #b2e00007
+@patch
+def _claim_output_dir(self: RunLoop, resuming: bool):
+    "Mark output_dir as a run folder, take its lock, and refuse to start a second run on top of an earlier one."
+    d = mark_folder(self.output_dir, "run", "GRPOTrainer: output_dir")
+    self._lock = RunLock(d)
+    weakref.finalize(self, self._lock.release)
+    metrics = d / "metrics.jsonl"
+    if not resuming and (checkpoints(d / "checkpoints") or (metrics.exists() and metrics.stat().st_size)):
+        self._lock.release()
+        raise ValueError(f"GRPOTrainer: output_dir {d} already holds a run (metrics.jsonl or checkpoints); continue "
+                         f"it with GRPOTrainer.resume({str(d)!r}, ...), or pass a new output_dir.")
+
+@patch
+def close(self: RunLoop) -> None:
+    "Let another trainer write to output_dir (also happens when this trainer is garbage-collected)."
+    if self._lock is not None: self._lock.release()
+
+@patch
+def _log(self: RunLoop, res: StepResult):
+    "Append the step's row to metrics.jsonl and the trackers, then to `history`; a failed write leaves no trace."
+    row = {"step": res.step, **{k: float(v) for k, v in res.metrics.items()},
+           **{f"seconds/{k}": v for k, v in res.seconds.items()}}
+    self._write_row(row)
+    self.history.append(row)
+
+@patch
+def _write_row(self: RunLoop, row: dict):
+    "Append a row to metrics.jsonl (main process) and the trackers; if that fails, the file is as it was."
+    f = self.output_dir / "metrics.jsonl" if self.accelerator.is_main_process and self.output_dir is not None else None
+    size = f.stat().st_size if f is not None and f.exists() else 0
+    try:
+        if f is not None:
+            with open(f, "a") as fh: fh.write(json.dumps(row) + "\n")
+        if self.accelerator.trackers: self.accelerator.log(row, step=row["step"])
+    except BaseException:
+        if f is not None and f.exists():
+            with contextlib.suppress(OSError), open(f, "r+") as fh: fh.truncate(size)
+        raise
 
 
 # %% ../nbs/05e_run.ipynb #5e6580e1
@@ -158,6 +202,23 @@ def evaluate(self: RunLoop, prompts=None, seed: int = 12345, eval_reward=None) -
             h = evaluate_reward(held, images, ps, targets, sources, normalize=False)
             res.update({"heldout": h.total.mean().item(), **{f"heldout/{k}": v.mean().item() for k, v in h.components.items()}})
     return res
+
+# %% ../nbs/05e_run.ipynb #b2e00008
+@patch
+def _watch_diversity(self: RunLoop, metrics: dict):
+    "Warn once when a group's images become much more alike than at the run's first step (reward hacking, collapse)."
+    frac = self.config.diversity_warning
+    if self._diversity_warned or not frac: return
+    for key in ("diversity", "dit_diversity"):
+        first = next((r[key] for r in self.history if key in r), None)
+        if key in metrics and first and metrics[key] < frac * first:
+            self._diversity_warned = True
+            warnings.warn(f"GRPO step {self.step_count}: the images of a group are much more alike than at the start "
+                          f"({key} {metrics[key]:.4f}, first {first:.4f}, below {frac:g} of it). The policy may be "
+                          "collapsing onto what the reward likes (reward hacking): look at the groups (show_history), "
+                          "score with a held-out reward (eval_reward=), and consider kl_coef > 0 or a lower learning rate.")
+            return
+
 
 # %% ../nbs/05e_run.ipynb #9ba11b87
 @patch

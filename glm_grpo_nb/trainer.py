@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import math
 import time
-import warnings
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,18 +16,21 @@ import torch
 from fastcore.basics import patch
 from PIL import Image
 
-from .checkpoint import checkpoints
 from .config import GRPOConfig
-from .data import PromptDataset, open_image
-from .faults import FaultTolerance, OutOfMemory, TrainingStopped, is_out_of_memory
-from .hub import RunLock, mark_folder, model_size
+from .data import open_image
+from .faults import FaultTolerance
+from .hub import model_size
 from .loss import group_advantages
 from .objectives import TokenGRPO, make_objective
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows, to_host
 from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward, group_diversity, reward_name
-from .run import FitSummary, RunLoop, _as_dataset, _columns
+from .run import RunLoop, _as_dataset, _columns
 from .tokens import TokenRollout, concat_rollouts
 from .flow import LatentTrajectory, concat_trajectories
+# documented names that live in the trainer's rooms now, importable from here as before
+from .faults import OutOfMemory, TrainingStopped, is_out_of_memory  # noqa: F401
+from .run import FitSummary  # noqa: F401
+
 
 # %% auto #0
 __all__ = ['Sample', 'StepResult', 'GRPOTrainer', 'UpdateResult']
@@ -166,21 +166,6 @@ class GRPOTrainer(FaultTolerance, RunLoop):
         if log_with:
             flat = {k: v for k, v in c.to_dict().items() if isinstance(v, (int, float, str, bool))}
             self.accelerator.init_trackers("glm_grpo_nb", config=flat)
-
-    def _claim_output_dir(self, resuming: bool):
-        "Mark output_dir as a run folder, take its lock, and refuse to start a second run on top of an earlier one."
-        d = mark_folder(self.output_dir, "run", "GRPOTrainer: output_dir")
-        self._lock = RunLock(d)
-        weakref.finalize(self, self._lock.release)
-        metrics = d / "metrics.jsonl"
-        if not resuming and (checkpoints(d / "checkpoints") or (metrics.exists() and metrics.stat().st_size)):
-            self._lock.release()
-            raise ValueError(f"GRPOTrainer: output_dir {d} already holds a run (metrics.jsonl or checkpoints); continue "
-                             f"it with GRPOTrainer.resume({str(d)!r}, ...), or pass a new output_dir.")
-
-    def close(self) -> None:
-        "Let another trainer write to output_dir (also happens when this trainer is garbage-collected)."
-        if self._lock is not None: self._lock.release()
 
     def _default_size(self):
         "(width, height) when not given: the dataset's resize, its first target's size, the model's own, or 1024²."
@@ -492,54 +477,9 @@ def step(self: GRPOTrainer) -> StepResult:
     return res
 
 @patch
-def _watch_diversity(self: GRPOTrainer, metrics: dict):
-    "Warn once when a group's images become much more alike than at the run's first step (reward hacking, collapse)."
-    frac = self.config.diversity_warning
-    if self._diversity_warned or not frac: return
-    for key in ("diversity", "dit_diversity"):
-        first = next((r[key] for r in self.history if key in r), None)
-        if key in metrics and first and metrics[key] < frac * first:
-            self._diversity_warned = True
-            warnings.warn(f"GRPO step {self.step_count}: the images of a group are much more alike than at the start "
-                          f"({key} {metrics[key]:.4f}, first {first:.4f}, below {frac:g} of it). The policy may be "
-                          "collapsing onto what the reward likes (reward hacking): look at the groups (show_history), "
-                          "score with a held-out reward (eval_reward=), and consider kl_coef > 0 or a lower learning rate.")
-            return
-
-@patch
-def _count_skip(self: GRPOTrainer, why):
-    self.consecutive_skips += 1; self.skipped_total += 1
-    warnings.warn(f"GRPO step {self.step_count}: update skipped, {why}; weights and optimiser state are untouched.")
-    if self.consecutive_skips > self.config.max_consecutive_skips:
-        raise RuntimeError(f"{self.consecutive_skips} GRPO updates in a row were skipped ({why}). Likely causes: a "
-                           "learning rate too high for the adapters, a reward that returns NaN/inf for some images, or "
-                           "half-precision overflow (try torch_dtype=torch.bfloat16 or float32).")
-
-@patch
 def _skipped_result(self: GRPOTrainer, prompts) -> StepResult:
     G = self.config.group_size
     return StepResult(step=self.step_count, prompts=_repeat(prompts, G), images=[], targets=None, sources=None,
                       group_size=G, rewards=torch.zeros(0), reward_components={},
                       advantages=torch.zeros(0), metrics={"skipped": 1.0}, seconds={}, skipped=True)
 
-@patch
-def _log(self: GRPOTrainer, res: StepResult):
-    "Append the step's row to metrics.jsonl and the trackers, then to `history`; a failed write leaves no trace."
-    row = {"step": res.step, **{k: float(v) for k, v in res.metrics.items()},
-           **{f"seconds/{k}": v for k, v in res.seconds.items()}}
-    self._write_row(row)
-    self.history.append(row)
-
-@patch
-def _write_row(self: GRPOTrainer, row: dict):
-    "Append a row to metrics.jsonl (main process) and the trackers; if that fails, the file is as it was."
-    f = self.output_dir / "metrics.jsonl" if self.accelerator.is_main_process and self.output_dir is not None else None
-    size = f.stat().st_size if f is not None and f.exists() else 0
-    try:
-        if f is not None:
-            with open(f, "a") as fh: fh.write(json.dumps(row) + "\n")
-        if self.accelerator.trackers: self.accelerator.log(row, step=row["step"])
-    except BaseException:
-        if f is not None and f.exists():
-            with contextlib.suppress(OSError), open(f, "r+") as fh: fh.truncate(size)
-        raise

@@ -29,7 +29,8 @@ if __name__ == "__main__":
     metrics, *_ = trainer.update(mine)
     assert not metrics["skipped"]
     if acc.is_main_process:
-        old = {} if trainer.old_dit is None else {f"old/{n}": w.contiguous() for n, w in trainer.old_dit.state_dict().items()}
+        old = {f"{f}/{n}": w.contiguous() for o in trainer.objectives.values()   # e.g. NFT's old adapter
+               for f, tensors in o.checkpoint_tensors().items() for n, w in tensors.items()}
         save_file({**{n: p.detach().contiguous() for n, p in policy.named_parameters() if p.requires_grad}, **old}, out,
                   metadata={"reward_std": str(metrics["reward_std"]), "num_processes": str(acc.num_processes)})
     acc.wait_for_everyone()

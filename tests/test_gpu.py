@@ -102,16 +102,16 @@ def test_nft_step_on_cuda(tiny_path, tmp_path):
     trainer = GRPOTrainer(policy, RednessReward(), ["a red square", "a 'HI' sign"], group_size=4, prompts_per_step=2,
                           num_steps=4, dit_objective="nft", nft_timesteps=2, nft_decay_rate=0.3, kl_coef=0.01,
                           micro_batch_size=3, output_dir=tmp_path / "run", save_every=1)
-    assert all(w.device.type == "cuda" for w in trainer.old_dit.weights)
+    assert all(w.device.type == "cuda" for w in trainer.objectives['dit'].old.weights)
     for _ in range(2):
         m = trainer.step().metrics
         assert not m["skipped"] and m["dit/grad_norm"] > 0 and m["dit/kl"] >= 0, m
-    assert any(not torch.equal(w, p) for w, p in zip(trainer.old_dit.weights, trainer.dit_params))
+    assert any(not torch.equal(w, p) for w, p in zip(trainer.objectives['dit'].old.weights, trainer.dit_params))
     trainer.save(); trainer.close()
     resumed = GRPOTrainer.resume(tmp_path / "run", GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8,
                                                                                   dit_lora=8, verbose=False),
                                  RednessReward(), ["a red square", "a 'HI' sign"])
-    assert all(torch.equal(a, b) for a, b in zip(resumed.old_dit.weights, trainer.old_dit.weights))
+    assert all(torch.equal(a, b) for a, b in zip(resumed.objectives['dit'].old.weights, trainer.objectives['dit'].old.weights))
 
 
 def test_cfg_free_flow_grpo_on_cuda(tiny_path):
