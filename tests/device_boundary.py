@@ -42,7 +42,7 @@ FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.randn, torc
              torch.arange, torch.linspace, torch.eye, torch.tensor, torch.as_tensor, torch.normal}
 MOVES = {torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda}
 HELPERS = {"on_device", "to_host", "on_device_copy", "to_host_copy"}
-OWN_DEVICES = {"rewards.py"}   # reward models live on a device of their own choosing and hand back host scores
+OWN_DEVICES = {"rewards.py", "ocr.py", "model_rewards.py"}   # reward models live on a device of their own choosing and hand back host scores
 
 
 class DeviceMix(RuntimeError):

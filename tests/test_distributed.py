@@ -38,7 +38,7 @@ def test_two_processes_equal_one(tiny_path, tmp_path, objective):
         assert torch.allclose(a[k], b[k], atol=1e-6), (k, (a[k] - b[k]).abs().max())
         moved += int("lora_B" in k and a[k].abs().max() > 0)
     assert moved > 0  # the update did something
-    assert any(k.startswith("old/") for k in a) == (objective == "nft")   # NFT's old adapter agrees too
+    assert any(k.startswith("old_dit/") for k in a) == (objective == "nft")   # NFT's old adapter agrees too
     with safe_open(one, "pt") as f1, safe_open(two, "pt") as f2:
         assert (f1.metadata()["num_processes"], f2.metadata()["num_processes"]) == ("1", "2")
         assert f1.metadata()["reward_std"] == f2.metadata()["reward_std"]  # batch statistics were gathered
