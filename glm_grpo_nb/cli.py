@@ -23,7 +23,7 @@ from .hub import check_folder, check_hub_model, check_image_size, mark_folder, m
 
 # %% auto #0
 __all__ = ['DEMO_PROMPTS', 'REWARD_NAMES', 'TRAIN_DEFAULTS', 'ALLOCATOR', 'COMMANDS', 'tiny', 'generate', 'demo', 'parse_rewards',
-           'config_options', 'process_device', 'train', 'serve_reward', 'plan', 'command_parser', 'main']
+           'config_options', 'process_device', 'train', 'serve_reward', 'plan', 'evaluate', 'command_parser', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def tiny(
@@ -397,15 +397,61 @@ def plan(
     print(p)
     return 0 if p.fits else 1
 
+# %% ../nbs/08_cli.ipynb #e7a1c001
+def evaluate(
+    model: str = None,           # GLM-Image folder or hub id: the base model, always scored (required)
+    prompts: str = None,         # .txt/.jsonl/.csv file or folder, or a Hugging Face dataset id (required)
+    adapters: list[str] = None,  # trained adapter folders scored beside the base model (NAME=FOLDER names one)
+    metrics: str = "ocr",        # comma-separated: ocr (word accuracy, NED, sentence accuracy), reward names, module:object, URLs
+    reward_models: str = "",     # models of model-based metrics: clip=PATH,pickscore=PATH
+    out: str = "runs/eval",      # output folder: metrics.json, samples.csv, report.png, images/ (run again to resume)
+    split: str = "train",        # the split of a Hugging Face dataset
+    samples_per_prompt: int = 1, # images per prompt and model
+    seed: int = 0,               # image k of every model is made from seed + k
+    height: int = None,          # image height, a multiple of 32 (default: the model's own)
+    width: int = None,           # image width, a multiple of 32 (default: the model's own)
+    num_inference_steps: int = 20,  # denoising steps of the DiT
+    guidance_scale: float = 1.5, # classifier-free guidance of the DiT
+    device: str = None,          # torch device (default: CUDA if available)
+):
+    "Score a model and its trained adapters on prompts: text metrics and rewards, with 95 % intervals."
+    if not model: raise ValueError("evaluate: pass --model with a GLM-Image folder or hub id.")
+    if not prompts: raise ValueError("evaluate: pass --prompts with a prompts file or a dataset.")
+    model = resolve_model(model, "evaluate: --model")
+    if height is not None or width is not None:
+        w0, h0 = model_size(model) or (1024, 1024)
+        check_image_size(h0 if height is None else height, w0 if width is None else width, "evaluate: --height/--width")
+    check_hub_model(model, "evaluate: --model")
+    from glm_grpo_nb.evaluation import evaluate_model, format_metrics
+    wanted = [m.strip() for m in metrics.split(",") if m.strip()]
+    # ocr and reward names go by name (text metrics come with ocr); module:object and URLs as rewards
+    named = [m for m in wanted if ":" not in m or re.match(r"https?://", m)]
+    own = list(parse_rewards(",".join(m for m in wanted if m not in named))) if len(named) < len(wanted) else []
+    models_of = dict(p.split("=", 1) for p in reward_models.split(",") if "=" in p)
+    res = evaluate_model(model, prompts, out=out, adapters=adapters or (), metrics=named + own, split=split,
+                         samples_per_prompt=samples_per_prompt, seed=seed, height=height, width=width,
+                         num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
+                         reward_models=models_of, device=device)
+    print(format_metrics(res))
+    print(f"wrote {Path(out) / 'metrics.json'}, {Path(out) / 'samples.csv'} and {Path(out) / 'report.png'}")
+    return 0
+
 # %% ../nbs/08_cli.ipynb #6970f665
 ALLOCATOR = "expandable_segments:True"   # CUDA memory reserved stays close to what is allocated (see `memory`)
-COMMANDS = {"demo": demo, "train": train, "serve-reward": serve_reward, "plan": plan, "tiny": tiny, "generate": generate}
+COMMANDS = {"demo": demo, "train": train, "serve-reward": serve_reward, "plan": plan, "tiny": tiny, "generate": generate,
+            "evaluate": evaluate}
 
 def _usage():
     lines = [f"glm-grpo {__version__}: GRPO fine-tuning for GLM-Image", "", "usage: glm-grpo COMMAND [options]", "", "commands:"]
     lines += [f"  {n:<13} {inspect.getdoc(f).splitlines()[0]}" for n, f in COMMANDS.items()]
     lines += ["", "glm-grpo COMMAND --help shows each command's options."]
     return "\n".join(lines)
+
+def _list_metavar(name: str, kind) -> str:
+    "What one value of a list option is called in help: N for numbers, else the option's name (--adapters ADAPTER ...)."
+    if type(None) in typing.get_args(kind): kind = next(a for a in typing.get_args(kind) if a is not type(None))  # X | None
+    item = (typing.get_args(kind) or (None,))[0]
+    return "N" if item in (int, float) else name.upper().removesuffix("S")
 
 def command_parser(func, prog: str, more_help: dict | None = None) -> argparse.ArgumentParser:
     "An argparse parser from a function's signature and argument comments (+ `more_help`); switches as --x/--no-x."
@@ -417,7 +463,7 @@ def command_parser(func, prog: str, more_help: dict | None = None) -> argparse.A
         shown = "" if p.default in (None, "", p.empty) else f" (default: {' '.join(map(str, p.default)) if isinstance(p.default, list) else p.default})"
         help_ = (docs.get(name) or "") + (more_help or {}).get(name, "") + shown
         if p.default is p.empty: parser.add_argument(name, type=kind, help=help_)
-        else: _add_option(parser, name, kind, help_)
+        else: _add_option(parser, name, kind, help_, list_metavar=_list_metavar(name, kind))
     return parser
 
 def _option_style(parser, argv):

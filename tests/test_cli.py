@@ -65,3 +65,24 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
             "a blue square on a white background", "--num-steps", "4", "--out", str(tmp_path / "tuned.png"))
     assert g.returncode == 0 and not g.stderr.strip(), g.stderr
     assert Image.open(tmp_path / "tuned.png").size == (64, 64)   # the tiny model's own size
+    # before and after, on the same prompts and seeds, as papers report it; run again, it resumes and makes nothing
+    (tmp_path / "eval_prompts.txt").write_text("a sign that says 'OK'\na blue square on a white background\n")
+    ev = [glm_grpo, "evaluate", "--model", str(out / "model"), "--adapters", f"demo={out / 'adapters'}", "--prompts",
+          str(tmp_path / "eval_prompts.txt"), "--metrics", "ocr,redness", "--samples-per-prompt", "2",
+          "--num-inference-steps", "6", "--out", str(tmp_path / "eval")]
+    e = run(*ev)
+    assert e.returncode == 0, e.stderr[-3000:]
+    m = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert list(m["models"]) == ["base", "demo"] and m["settings"]["samples_per_prompt"] == 2
+    base, demo = m["models"]["base"]["metrics"], m["models"]["demo"]["metrics"]
+    assert {"word_accuracy", "ned", "sentence_accuracy", "ocr", "redness"} <= set(base)
+    assert base["word_accuracy"]["images"] == 2 and base["redness"]["images"] == 4   # the prompt without text apart
+    assert demo["redness"]["mean"] > base["redness"]["mean"], (base["redness"], demo["redness"])   # trained towards red
+    assert "base (4 images, 2 with text): word_accuracy" in e.stdout and Image.open(tmp_path / "eval" / "report.png")
+    assert len((tmp_path / "eval" / "samples.csv").read_text().splitlines()) == 1 + 8
+    made = {p: p.stat().st_mtime_ns for p in (tmp_path / "eval" / "images").rglob("*.png")}
+    again = run(*ev)
+    assert again.returncode == 0 and again.stdout == e.stdout, again.stderr[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "eval" / "images").rglob("*.png")} == made
+    bad = run(*ev[:-1], str(tmp_path / "eval"), "--seed", "3")
+    assert bad.returncode == 2 and "seed differ" in bad.stderr and "Traceback" not in bad.stderr
