@@ -73,7 +73,7 @@ class PipelineModel:
         from glm_grpo_nb.policy import apply_adapters
         self.device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = self.torch_dtype or (torch.bfloat16 if torch.device(self.device).type == "cuda" else torch.float32)
-        with quiet_io(): pipe = GlmImagePipeline.from_pretrained(self.model, torch_dtype=dtype)
+        with quiet_io(): pipe = GlmImagePipeline.from_pretrained(self.model, dtype=dtype)
         if self.adapters is not None: apply_adapters(pipe, self.adapters)
         pipe.set_progress_bar_config(disable=True)
         self.pipe = pipe.to(self.device)
@@ -165,6 +165,8 @@ def _generate(entries, rows, out: Path, samples_per_prompt: int, seed: int, prog
 def _score(paths, rows, rewards, samples_per_prompt: int, batch: int = 16) -> dict[str, list[dict]]:
     "Per model, one dict per image: what the OCR read, the text metrics (prompts with text), every reward's score."
     from glm_grpo_nb.rewards import evaluate_reward, reward_name
+    wanted = [[t for t in quoted_texts(rows[k // samples_per_prompt]["prompt"]) if _words(t)]
+              for k in range(len(rows) * samples_per_prompt)]
     scored = {}
     for name, files in paths.items():
         recs = []
@@ -179,15 +181,15 @@ def _score(paths, rows, rewards, samples_per_prompt: int, batch: int = 16) -> di
                 res = evaluate_reward(reward, images, [x["prompt"] for x in r], targets, sources, normalize=False)
                 key = reward_name(reward)
                 reads = next((v for t, v in res.texts.items() if t.endswith("read")), None)
-                for i in range(len(ks)):
+                for i, k in enumerate(ks):
+                    if reads is not None and not wanted[k]: continue   # a reward that reads text: prompts with text only
                     part[i][key] = float(res.total[i])
                     if len(res.components) > 1: part[i].update({f"{key}/{c}": float(v[i]) for c, v in res.components.items()})
                     if reads is not None and "read" not in part[i]: part[i]["read"] = reads[i]
             recs += part
         for k, rec in enumerate(recs):
-            texts = [t for t in quoted_texts(rows[k // samples_per_prompt]["prompt"]) if _words(t)]
-            rec["text"] = " | ".join(texts)
-            if texts and "read" in rec: rec.update(text_metrics(rec["read"], texts))
+            rec["text"] = " | ".join(wanted[k])
+            if wanted[k] and "read" in rec: rec.update(text_metrics(rec["read"], wanted[k]))
         scored[name] = recs
     return scored
 

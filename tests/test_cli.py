@@ -76,7 +76,7 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
     assert list(m["models"]) == ["base", "demo"] and m["settings"]["samples_per_prompt"] == 2
     base, demo = m["models"]["base"]["metrics"], m["models"]["demo"]["metrics"]
     assert {"word_accuracy", "ned", "sentence_accuracy", "ocr", "redness"} <= set(base)
-    assert base["word_accuracy"]["images"] == 2 and base["redness"]["images"] == 4   # the prompt without text apart
+    assert base["word_accuracy"]["images"] == base["ocr"]["images"] == 2 and base["redness"]["images"] == 4   # text apart
     assert demo["redness"]["mean"] > base["redness"]["mean"], (base["redness"], demo["redness"])   # trained towards red
     assert "base (4 images, 2 with text): word_accuracy" in e.stdout and Image.open(tmp_path / "eval" / "report.png")
     assert len((tmp_path / "eval" / "samples.csv").read_text().splitlines()) == 1 + 8
