@@ -22,7 +22,7 @@ from .config import GRPOConfig
 from .hub import check_folder, check_hub_model, check_image_size, mark_folder, model_size, resolve_model
 
 # %% auto #0
-__all__ = ['DEMO_PROMPTS', 'REWARD_NAMES', 'TRAIN_DEFAULTS', 'ALLOCATOR', 'COMMANDS', 'tiny', 'generate', 'demo', 'parse_rewards',
+__all__ = ['DEMO_PROMPTS', 'REWARD_NAMES', 'TRAIN_DEFAULTS', 'ALLOCATOR', 'COMMANDS', 'tiny', 'generate', 'demo',
            'config_options', 'process_device', 'train', 'serve_reward', 'plan', 'evaluate', 'command_parser', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
@@ -141,7 +141,7 @@ def demo(
 ):
     "Train the tiny GLM-Image towards red images with joint AR + DiT GRPO on CPU; write adapters, metrics and report.png."
     from glm_grpo_nb.policy import GlmImagePolicy
-    from glm_grpo_nb.rewards import RednessReward, combine
+    from glm_grpo_nb.rewards import RednessReward, combine, parse_rewards
     from glm_grpo_nb.tiny import make_tiny_glm_image
     from glm_grpo_nb.trainer import GRPOTrainer
     out = mark_folder(out, "run", "demo: --out")   # new, empty, or an earlier demo's folder
@@ -179,40 +179,6 @@ def demo(
 
 # %% ../nbs/08_cli.ipynb #3aa3df8b
 REWARD_NAMES = ("aesthetic", "clip", "mse", "ocr", "perceptual", "pickscore", "psnr", "redness", "ssim")  # for --help
-
-def _user_reward(spec: str):
-    "The reward `module:object` (a class is instantiated with no arguments), imported from the current folder too."
-    import importlib
-    module, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path: sys.path.insert(0, os.getcwd())
-    try: obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--reward: cannot import {spec!r} ({e}); give a built-in name or module:object.") from None
-    obj = obj() if isinstance(obj, type) else obj
-    if not callable(obj): raise ValueError(f"--reward: {spec!r} is a {type(obj).__name__}, not a reward (a callable).")
-    return obj
-
-def parse_rewards(spec: str, models: str = "") -> dict:
-    "'ssim=1,clip=0.5' -> {reward: weight} for `combine`: built-in names (models by 'clip=PATH'), module:object, or URLs."
-    from glm_grpo_nb.rewards import REWARDS, RemoteReward, load_reward
-    model_of = {}
-    for part in filter(None, (p.strip() for p in models.split(","))):
-        name, _, path = part.partition("=")
-        if not path: raise ValueError(f"--reward-models: {part!r} should be NAME=PATH.")
-        model_of[name] = path
-    out = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, eq, w = part.rpartition("=") if "=" in part else (part, "", "")
-        try: weight = float(w) if eq else 1.0
-        except ValueError: raise ValueError(f"--reward: the weight in {part!r} is not a number.")
-        if re.match(r"https?://", name): out[RemoteReward(name)] = weight     # served: glm-grpo serve-reward
-        elif ":" in name: out[_user_reward(name)] = weight
-        elif name not in REWARDS:
-            raise ValueError(f"--reward: unknown reward {name!r}; choose from {', '.join(sorted(REWARDS))}, "
-                             "module:object for your own, or the URL of a reward server.")
-        else: out[load_reward(name, **({"model": model_of[name]} if name in model_of else {}))] = weight
-    if not out: raise ValueError("--reward: pass at least one reward, e.g. --reward ssim=1.")
-    return out
 
 def _dataset_rows(prompts, targets, sources):
     from glm_grpo_nb.data import _folder_images
@@ -276,6 +242,7 @@ def train(
     resize: bool = False,      # resize targets/sources to height x width instead of refusing other sizes
     device: str = None,        # torch device (default: the accelerator's, i.e. CUDA if available, one GPU per process)
     allow_changes: str = "",   # on resume: parts that may differ from the checkpoint (model,adapters,dataset,reward)
+    reward_wait: float = 600,  # seconds a served reward may be away (restarting, down) before the run stops
     **settings,                # GRPOConfig settings given as options (--group-size 4, --sde-window 0 1, ...)
 ):
     "GRPO-train a GLM-Image model's adapters on your prompts and rewards; resumes from `out` if it holds checkpoints."
@@ -290,10 +257,10 @@ def train(
     if unknown: raise ValueError(f"train: --allow-changes takes model, adapters, dataset, reward; got {', '.join(sorted(unknown))}.")
     from glm_grpo_nb.data import PromptDataset
     from glm_grpo_nb.policy import GlmImagePolicy
-    from glm_grpo_nb.rewards import combine
+    from glm_grpo_nb.rewards import combine, parse_rewards
     from glm_grpo_nb.checkpoint import checkpoints
     from glm_grpo_nb.trainer import GRPOTrainer
-    reward_fn = combine(parse_rewards(reward, reward_models))
+    reward_fn = combine(parse_rewards(reward, reward_models, wait=reward_wait))
     size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
     hub_data = not Path(prompts).expanduser().exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", prompts) and not targets and not sources
     dataset = (PromptDataset.from_hub(prompts, split=split, resize=size) if hub_data else
@@ -326,6 +293,14 @@ def train(
     print(f"wrote {Path(out) / 'adapters'} and {Path(out) / 'metrics.jsonl'}")
     return 0
 
+def __getattr__(name: str):
+    "`cli.parse_rewards`, importable as before: it lives with the rewards now, loaded when asked for (it needs torch)."
+    if name == "parse_rewards":
+        from glm_grpo_nb.rewards import parse_rewards
+        return parse_rewards
+    raise AttributeError(f"module 'glm_grpo_nb.cli' has no attribute {name!r}")
+
+
 # %% ../nbs/08_cli.ipynb #d1c0bad7
 def serve_reward(
     reward: str,               # rewards to serve, NAME[=WEIGHT] separated by commas (built-ins or module:object)
@@ -333,16 +308,20 @@ def serve_reward(
     port: int = 8000,          # port to listen on (0: any free port; the URL is printed)
     token: str = None,         # token clients must send (default: $GLM_GRPO_REWARD_TOKEN)
     reward_models: str = "",   # models of model-based rewards, NAME=PATH separated by commas
+    max_pixels: int = 2048 * 2048,  # largest image accepted, in pixels (read from the PNG header before decoding)
+    max_images: int = 256,     # most images in one request
+    max_request_mb: float = 1024,   # largest request body, chunked or not
 ):
     "Serve rewards over HTTP for RemoteReward: models load once, JSON with PNG images, a token beyond loopback."
     import signal, threading
-    from glm_grpo_nb.rewards import RemoteReward, combine, listen_token, serve_reward as serve
+    from glm_grpo_nb.rewards import RemoteReward, combine, listen_token, parse_rewards, serve_reward as serve
     token = listen_token(host, token, "serve-reward", "--token T")   # before any model loads
     parts = parse_rewards(reward, reward_models)
     if any(isinstance(r, RemoteReward) for r in parts):
         raise ValueError("serve-reward: serve rewards of this process, not other servers' URLs.")
     reward_fn = combine(parts)
-    server = serve(reward_fn, host=host, port=port, token=token, background=True)
+    server = serve(reward_fn, host=host, port=port, token=token, background=True, max_pixels=max_pixels,
+                   max_images=max_images, max_request_mb=max_request_mb)
     print(f"serving {reward_fn.name!r} at {server.url}" + (" (token required)" if token else "") +
           f"; in training: RemoteReward({server.url!r}) or --reward {server.url}", flush=True)
     stop = threading.Event()
@@ -423,6 +402,7 @@ def evaluate(
         check_image_size(h0 if height is None else height, w0 if width is None else width, "evaluate: --height/--width")
     check_hub_model(model, "evaluate: --model")
     from glm_grpo_nb.evaluation import evaluate_model, format_metrics
+    from glm_grpo_nb.rewards import parse_rewards
     wanted = [m.strip() for m in metrics.split(",") if m.strip()]
     # ocr and reward names go by name (text metrics come with ocr); module:object and URLs as rewards
     named = [m for m in wanted if ":" not in m or re.match(r"https?://", m)]

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import re
+import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -19,7 +22,7 @@ from .loss import group_advantages
 
 # %% auto #0
 __all__ = ['REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores', 'call_reward',
-           'evaluate_reward', 'RewardServiceError', 'load_reward', 'CombinedReward', 'combine']
+           'evaluate_reward', 'RewardServiceError', 'load_reward', 'CombinedReward', 'combine', 'parse_rewards']
 
 # %% ../nbs/03_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -201,3 +204,41 @@ class CombinedReward(Reward):
 def combine(weights: dict, normalize: bool = False) -> CombinedReward:
     "One reward from `{name_or_reward: weight}`: the weighted sum, with every component reported."
     return CombinedReward(weights, normalize)
+
+# %% ../nbs/03_rewards.ipynb #c11e0001
+def _user_reward(spec: str):
+    "The reward `module:object` (a class is instantiated with no arguments), imported from the current folder too."
+    import importlib
+    module, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path: sys.path.insert(0, os.getcwd())
+    try: obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"--reward: cannot import {spec!r} ({e}); give a built-in name or module:object.") from None
+    obj = obj() if isinstance(obj, type) else obj
+    if not callable(obj): raise ValueError(f"--reward: {spec!r} is a {type(obj).__name__}, not a reward (a callable).")
+    return obj
+
+def parse_rewards(spec: str, models: str = "", wait: float | None = None) -> dict:
+    "'ssim=1,clip=0.5' -> {reward: weight} for `combine`: built-in names (models by 'clip=PATH'), module:object, or URLs."
+    # the command line's reward spec; wait: seconds a served reward may be away (default: RemoteReward's)
+    from glm_grpo_nb.served import RemoteReward
+    model_of = {}
+    for part in filter(None, (p.strip() for p in models.split(","))):
+        name, _, path = part.partition("=")
+        if not path: raise ValueError(f"--reward-models: {part!r} should be NAME=PATH.")
+        model_of[name] = path
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, eq, w = part.rpartition("=") if "=" in part else (part, "", "")
+        try: weight = float(w) if eq else 1.0
+        except ValueError: raise ValueError(f"--reward: the weight in {part!r} is not a number.")
+        if re.match(r"https?://", name):   # served: glm-grpo serve-reward
+            out[RemoteReward(name, **({} if wait is None else {"wait": wait}))] = weight
+        elif ":" in name: out[_user_reward(name)] = weight
+        elif name not in REWARDS:
+            raise ValueError(f"--reward: unknown reward {name!r}; choose from {', '.join(sorted(REWARDS))}, "
+                             "module:object for your own, or the URL of a reward server.")
+        else: out[load_reward(name, **({"model": model_of[name]} if name in model_of else {}))] = weight
+    if not out: raise ValueError("--reward: pass at least one reward, e.g. --reward ssim=1.")
+    return out
+

@@ -117,6 +117,7 @@ def fit(self: RunLoop, num_steps: int, callback=None, progress: bool = True, liv
     # Ctrl-C or SIGTERM: the step in flight is undone (or finished, if updating), the last completed step is
     # checkpointed when there is an output_dir, and one line says so; then, outside a notebook, TrainingStopped
     # (exit code 130 / 143) is raised, and in a notebook fit returns with the trainer ready to continue.
+    # Any other error: the last completed step is checkpointed (see `_save_after_error`), then the error is raised as is.
     from glm_grpo_nb.widgets import LivePlot, in_notebook
     if num_steps < 0: raise ValueError(f"fit: num_steps must be >= 0, got {num_steps}.")
     c = self.config
@@ -127,32 +128,59 @@ def fit(self: RunLoop, num_steps: int, callback=None, progress: bool = True, liv
     bar = tqdm(range(num_steps), desc="GRPO", disable=not show)
     agreed = None   # the signal every process stops for (with several processes, any one's)
     with _StopOnSignals(self) as stop:
-        for i in bar:
-            try:
-                res = self.step()
-                m = res.metrics
-                kl = m.get('ar/approx_kl', 0.0) + m.get('dit/approx_kl', 0.0)
-                bar.set_postfix(reward=f"{m.get('reward_mean', float('nan')):.4f}", kl=f"{kl:.2e}")
-                if plot is not None: plot(self, res)
-                elif show and not notebook and log_every and (i + 1) % log_every == 0:
-                    tqdm.write(f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}, "
-                               f"approx KL {kl:.2e}, clip {m.get('ar/clip_fraction', 0.0) + m.get('dit/clip_fraction', 0.0):.3f}, "
-                               f"{sum(res.seconds.values()):.2f} s")
-                if c.eval_every and self.eval_dataset is not None and self.step_count % c.eval_every == 0:
-                    ev = {f"eval/{k}": v for k, v in self.evaluate().items()}
-                    self._write_row({"step": res.step, **ev})   # a row of its own in metrics.jsonl
-                    self.history[-1].update(ev)
-                if c.save_every and self.output_dir is not None and self.step_count % c.save_every == 0:
-                    self.save()
-                if callback is not None: callback(self, res)
-            except KeyboardInterrupt:
-                if stop.signum is None or stop.count > 1: raise   # not ours (a callback's, say), or a second signal
-            agreed = self._stop_agreed(stop.signum)
-            if agreed: break
+        try:
+            for i in bar:
+                try:
+                    res = self.step()
+                    m = res.metrics
+                    kl = m.get('ar/approx_kl', 0.0) + m.get('dit/approx_kl', 0.0)
+                    bar.set_postfix(reward=f"{m.get('reward_mean', float('nan')):.4f}", kl=f"{kl:.2e}")
+                    if plot is not None: plot(self, res)
+                    elif show and not notebook and log_every and (i + 1) % log_every == 0:
+                        tqdm.write(f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}, "
+                                   f"approx KL {kl:.2e}, clip {m.get('ar/clip_fraction', 0.0) + m.get('dit/clip_fraction', 0.0):.3f}, "
+                                   f"{sum(res.seconds.values()):.2f} s")
+                    if c.eval_every and self.eval_dataset is not None and self.step_count % c.eval_every == 0:
+                        ev = {f"eval/{k}": v for k, v in self.evaluate().items()}
+                        self._write_row({"step": res.step, **ev})   # a row of its own in metrics.jsonl
+                        self.history[-1].update(ev)
+                    if c.save_every and self.output_dir is not None and self.step_count % c.save_every == 0:
+                        self.save()
+                    if callback is not None: callback(self, res)
+                except KeyboardInterrupt:
+                    if stop.signum is None or stop.count > 1: raise   # not ours (a callback's, say), or a second signal
+                agreed = self._stop_agreed(stop.signum)
+                if agreed: break
+        except Exception as e:   # a reward service that stays away, a reward that raises, a data or CUDA error, ...
+            bar.close()
+            self._save_after_error(e)
+            raise
         bar.close()
         summary = FitSummary(self.history[start:])
         if agreed is None: return summary
         return self._stopped(agreed, summary, notebook)
+
+@patch
+def _save_after_error(self: RunLoop, error: Exception) -> Path | None:
+    "After an error ends `fit`: checkpoint the last completed step (once), release the run folder, say so in one line."
+    if self.output_dir is None or self.step_count == 0: return None
+    done = checkpoints(self.output_dir / "checkpoints")
+    latest = done[-1] if done else None
+    what = f"{type(error).__name__} after {self.step_count} steps"
+    saved, how = None, (f"continue with GRPOTrainer.resume({str(self.output_dir)!r}, ...) or the same glm-grpo train "
+                        "command once the cause is fixed")
+    if latest is not None and latest.name == f"step-{self.step_count:06d}": saved = latest   # save_every just wrote it
+    elif self.accelerator.num_processes > 1:   # the others may be waiting in a collective: a save would wait forever
+        how = f"with several processes nothing more is saved after an error (latest checkpoint: {latest}); {how}"
+    else:
+        try: saved = self.save()
+        except Exception as e:   # the save is atomic: nothing partial is left; the original error is what is raised
+            how = (f"could not save the last completed step ({type(e).__name__}: {e}); the latest checkpoint is "
+                   f"{latest}; {how}")
+    if self.accelerator.is_main_process:
+        print(f"{what}: " + (f"saved {saved}; " if saved else "") + how + ".", file=sys.stderr, flush=True)
+    self.close()
+    return saved
 
 @patch
 def _stop_agreed(self: RunLoop, signum: int | None) -> int | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 import time
 import warnings
 
@@ -20,8 +21,9 @@ from .rewards import (NonFiniteRewardError, Reward, RewardOutput, RewardServiceE
                                  evaluate_reward, reward_name, validate_scores)
 
 # %% auto #0
-__all__ = ['TOKEN_ENV', 'JUDGE_QUESTIONS', 'listen_token', 'png_base64', 'image_from_base64', 'reward_app', 'RewardServer',
-           'serve_reward', 'serve_app', 'http_request', 'RemoteReward', 'VLMJudgeReward']
+__all__ = ['TOKEN_ENV', 'MAX_PIXELS', 'MAX_IMAGES', 'REWARD_WAIT', 'JUDGE_QUESTIONS', 'listen_token', 'png_base64', 'TooLarge',
+           'image_from_base64', 'reward_app', 'RewardServer', 'serve_reward', 'serve_app', 'http_request',
+           'RemoteReward', 'VLMJudgeReward']
 
 # %% ../nbs/03d_served.ipynb #9160d41b
 TOKEN_ENV = "GLM_GRPO_REWARD_TOKEN"   # where serve_reward and RemoteReward look for the token when none is passed
@@ -42,20 +44,31 @@ def png_base64(image: Image.Image) -> str:
     image.save(buf, format="PNG", compress_level=1)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
-def image_from_base64(data, what: str) -> Image.Image:
-    "The PNG image in base64 text `data`; anything else is a ValueError naming `what`."
+class TooLarge(ValueError):
+    "A request beyond a reward server's limits (answered 413)."
+
+def image_from_base64(data, what: str, max_pixels: int | None = None) -> Image.Image:
+    "The PNG image in base64 text `data` (at most `max_pixels`, read from its header before decoding); else a ValueError."
     import base64, binascii, io
     try:
-        im = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
+        im = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))   # reads the header only
         if im.format != "PNG": raise ValueError(f"it is {im.format}, not PNG")
+        if max_pixels is not None and im.width * im.height > max_pixels:
+            raise TooLarge(f"{what} is {im.width}x{im.height} = {im.width * im.height} pixels, more than this server's "
+                           f"{max_pixels} (max_pixels; glm-grpo serve-reward --max-pixels N to serve larger images)")
         im.load()
+    except TooLarge: raise
     except (TypeError, ValueError, binascii.Error, OSError, Image.DecompressionBombError) as e:
         raise ValueError(f"{what} is not a base64 PNG image ({e}).") from None
     return im
 
 
 # %% ../nbs/03d_served.ipynb #cada1165
-def reward_app(reward, token: str | None = None, max_request_mb: float = 1024):
+MAX_PIXELS = 2048 * 2048   # per image: GLM-Image's largest sizes (2048x2048) and below
+MAX_IMAGES = 256           # per request: a GRPO step's groups or an evaluation's batch, with room
+
+def reward_app(reward, token: str | None = None, max_request_mb: float = 1024, max_pixels: int = MAX_PIXELS,
+               max_images: int = MAX_IMAGES):
     "The Starlette app that serves `reward`: `GET /info` and `POST /score` (see `serve_reward`)."
     import hmac, json, logging, threading
     from starlette.applications import Starlette
@@ -75,12 +88,16 @@ def reward_app(reward, token: str | None = None, max_request_mb: float = 1024):
         if not isinstance(body, dict): raise ValueError("the request must be a JSON object")
         images = body.get("images")
         if not isinstance(images, list): raise ValueError("'images' must be a list of base64 PNG images")
-        images = [image_from_base64(x, f"images[{i}]") for i, x in enumerate(images)]
+        if len(images) > max_images:
+            raise TooLarge(f"{len(images)} images in one request, more than this server's {max_images} (max_images; "
+                           "send fewer per call, or glm-grpo serve-reward --max-images N)")
+        decode = lambda x, what: image_from_base64(x, what, max_pixels)
+        images = [decode(x, f"images[{i}]") for i, x in enumerate(images)]
         targets = body.get("targets")
-        if targets is not None: targets = [image_from_base64(x, f"targets[{i}]") for i, x in enumerate(targets)]
+        if targets is not None: targets = [decode(x, f"targets[{i}]") for i, x in enumerate(targets)]
         sources = body.get("sources")
         if sources is not None:
-            sources = [[image_from_base64(x, f"sources[{i}][{j}]") for j, x in enumerate(row)] for i, row in enumerate(sources)]
+            sources = [[decode(x, f"sources[{i}][{j}]") for j, x in enumerate(row)] for i, row in enumerate(sources)]
         prompts = body.get("prompts")
         if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
             raise ValueError("'prompts' must be a list of strings, one per image")
@@ -95,11 +112,20 @@ def reward_app(reward, token: str | None = None, max_request_mb: float = 1024):
 
     async def score(request):
         if (no := refused(request)) is not None: return no
-        if int(request.headers.get("content-length") or 0) > max_request_mb * 2 ** 20:
-            return JSONResponse({"error": f"request larger than {max_request_mb} MB; send fewer images per call"}, 413)
-        try: body = json.loads(await request.body())
+        too_big = JSONResponse({"error": f"request larger than this server's {max_request_mb:g} MB (max_request_mb; "
+                                         "send fewer images per call, or glm-grpo serve-reward --max-request-mb N)"}, 413)
+        limit = int(max_request_mb * 2 ** 20)
+        if int(request.headers.get("content-length") or 0) > limit: return too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():   # counted as it arrives: chunked requests send no Content-Length
+            size += len(chunk)
+            if size > limit: return too_big
+            chunks.append(chunk)
+        try: body = json.loads(b"".join(chunks))
         except ValueError as e: return JSONResponse({"error": f"the request is not JSON ({e})"}, 400)
+        del chunks
         try: return await run_in_threadpool(_score, body)
+        except TooLarge as e: return JSONResponse({"error": str(e)}, 413)
         except NonFiniteRewardError as e: return JSONResponse({"error": str(e), "kind": "nonfinite"}, 422)
         except ValueError as e: return JSONResponse({"error": str(e)}, 400)
         except Exception as e:
@@ -121,10 +147,11 @@ class RewardServer:
     def __repr__(self): return f"RewardServer({self.url}, {'running' if self.thread.is_alive() else 'stopped'})"
 
 def serve_reward(reward, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, background: bool = False,
-                 log_level: str = "warning", max_request_mb: float = 1024) -> RewardServer | None:
+                 log_level: str = "warning", max_request_mb: float = 1024, max_pixels: int = MAX_PIXELS,
+                 max_images: int = MAX_IMAGES) -> RewardServer | None:
     "Serve `reward` over HTTP (see `reward_app`); beyond loopback a token is required. Foreground unless `background`."
     token = listen_token(host, token, "serve_reward")
-    return serve_app(reward_app(reward, token, max_request_mb), host, port, background, log_level)
+    return serve_app(reward_app(reward, token, max_request_mb, max_pixels, max_images), host, port, background, log_level)
 
 def serve_app(app, host: str = "127.0.0.1", port: int = 8000, background: bool = False,
               log_level: str = "warning") -> RewardServer | None:
@@ -146,19 +173,33 @@ def serve_app(app, host: str = "127.0.0.1", port: int = 8000, background: bool =
     return RewardServer(server, thread, f"http://{'[' + host + ']' if ':' in host else host}:{bound}")
 
 # %% ../nbs/03d_served.ipynb #6e619f59
-def http_request(session, method: str, url: str, payload, headers: dict, timeout: float, retries: int, backoff: float,
-                 what: str, retry_5xx: bool = True):
-    "One HTTP call, retried with exponential backoff on connection errors, timeouts and (if `retry_5xx`) 5xx; the response."
+REWARD_WAIT = 600.0   # seconds a reward service may be away: a 7B judge reloads in minutes; TRL's vLLM client waits 240 s
+
+def http_request(session, method: str, url: str, payload, headers: dict, timeout: float, wait: float, what: str,
+                 retry_5xx: bool = True, backoff: float = 0.5, max_backoff: float = 30.0):
+    "One HTTP call; connection errors, timeouts and (if `retry_5xx`) 5xx are retried for up to `wait` seconds."
+    # The waits between tries double from `backoff` up to `max_backoff`. One line on stderr when the service goes away
+    # (what failed, how long it will be waited for) and one when it is back; after `wait` seconds, a RewardServiceError.
     import requests
-    for attempt in range(retries + 1):
-        if attempt: time.sleep(backoff * 2 ** (attempt - 1))
+    start, pause, away = time.monotonic(), backoff, None
+    while True:
         try: r = session.request(method, url, json=payload, headers=headers, timeout=timeout)
         except requests.Timeout: why = f"no answer within {timeout:g} s (raise timeout= if the reward is slow)"
         except requests.ConnectionError as e: why = f"cannot connect ({type(e).__name__}); is the server running at that address?"
         else:
-            if r.status_code < 500 or not retry_5xx: return r
+            if r.status_code < 500 or not retry_5xx:
+                if away is not None: print(f"{what}: back after {time.monotonic() - away:.0f} s.", file=sys.stderr, flush=True)
+                return r
             why = f"HTTP {r.status_code}: {_error_of(r)}"
-    raise RewardServiceError(f"{what}: {why} (tried {retries + 1} times).")
+        waited = time.monotonic() - start
+        if waited + pause > wait:
+            raise RewardServiceError(f"{what}: {why}; gave up after {waited:.0f} s (wait={wait:g} s: raise it, or "
+                                     "--reward-wait, if the service takes longer to come back).")
+        if away is None:
+            away = start
+            print(f"{what}: {why}; waiting up to {wait:g} s for it to come back.", file=sys.stderr, flush=True)
+        time.sleep(pause)
+        pause = min(2 * pause, max_backoff)
 
 def _numbers(values, what: str, n: int | None = None) -> list[float]:
     "`values` as a list of floats, else a ValueError: one number (int/float, NaN allowed) per image."
@@ -170,10 +211,11 @@ def _numbers(values, what: str, n: int | None = None) -> list[float]:
 
 class RemoteReward(Reward):
     "A reward served over HTTP by `serve_reward` (or anything speaking its protocol): scores, components, info, texts."
-    def __init__(self, url: str, timeout: float = 300.0, retries: int = 3, token: str | None = None,
+    def __init__(self, url: str, timeout: float = 300.0, wait: float = REWARD_WAIT, token: str | None = None,
                  backoff: float = 0.5):
+        # timeout: seconds one request may take; wait: seconds the service may be away (down, restarting, 5xx)
         import requests
-        self.url, self.timeout, self.retries, self.backoff = url.rstrip("/"), timeout, retries, backoff
+        self.url, self.timeout, self.wait, self.backoff = url.rstrip("/"), timeout, wait, backoff
         self.token = token or os.environ.get(TOKEN_ENV) or None
         self.session, self.last_info, self.last_texts = requests.Session(), {}, {}
         self._declare(self._call("GET", "/info"))
@@ -195,8 +237,8 @@ class RemoteReward(Reward):
 
     def _call(self, method: str, path: str, payload=None):
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        r = http_request(self.session, method, self.url + path, payload, headers, self.timeout, self.retries,
-                         self.backoff, f"reward service {self.url}{path}")
+        r = http_request(self.session, method, self.url + path, payload, headers, self.timeout, self.wait,
+                         f"reward service {self.url}{path}", backoff=self.backoff)
         if r.status_code == 401:
             raise RewardServiceError(f"reward service {self.url} refused the token: pass the server's token as "
                                      f"RemoteReward(token=...) or in ${TOKEN_ENV}.")
@@ -253,7 +295,7 @@ class VLMJudgeReward(Reward):
     def __init__(self, base_url: str, model: str, question: str | None = None, answer: str = "yes_no",
                  scale: tuple[float, float] = (0, 10), system: str | None = None, api_key: str | None = None,
                  logprobs: bool = True, top_logprobs: int = 20, max_tokens: int = 16, max_workers: int = 8,
-                 timeout: float = 120.0, retries: int = 3, backoff: float = 0.5, unparsed_score: float = float("nan"),
+                 timeout: float = 120.0, wait: float = REWARD_WAIT, backoff: float = 0.5, unparsed_score: float = float("nan"),
                  name: str = "vlm_judge"):
         import threading
         if answer not in JUDGE_QUESTIONS: raise ValueError(f"VLMJudgeReward: answer must be 'yes_no' or 'scale', not {answer!r}.")
@@ -263,7 +305,7 @@ class VLMJudgeReward(Reward):
         if "{prompt}" not in self.question: warnings.warn("VLMJudgeReward: the question has no {prompt}; every image gets the same question.")
         self.system, self.api_key, self.logprobs, self.top_logprobs = system, api_key, logprobs, top_logprobs
         self.max_tokens, self.max_workers, self.name, self.unparsed_score = max_tokens, max_workers, name, unparsed_score
-        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self.timeout, self.wait, self.backoff = timeout, wait, backoff
         self._local, self.last_texts = threading.local(), {}
         self.check()
 
@@ -277,7 +319,7 @@ class VLMJudgeReward(Reward):
     def check(self) -> None:
         "The server answers; a warning if it lists its models and `model` is not among them."
         r = http_request(self._session(), "GET", self.base_url + "/models", None, self._headers(), self.timeout,
-                         self.retries, self.backoff, f"VLM judge {self.base_url}", retry_5xx=False)
+                         self.wait, f"VLM judge {self.base_url}", retry_5xx=False, backoff=self.backoff)
         if r.status_code == 401: raise RewardServiceError(f"VLM judge {self.base_url} refused the API key; pass api_key=.")
         try: served = [m["id"] for m in r.json()["data"]] if r.status_code == 200 else []
         except (ValueError, KeyError, TypeError): served = []
@@ -339,7 +381,7 @@ def _ask(self, image: Image.Image, prompt: str):
     body = {"model": self.model, "messages": messages, "temperature": 0.0, "max_tokens": self.max_tokens}
     if self.logprobs: body.update(logprobs=True, top_logprobs=self.top_logprobs)
     url, what = self.base_url + "/chat/completions", f"VLM judge {self.base_url}"
-    r = http_request(self._session(), "POST", url, body, self._headers(), self.timeout, self.retries, self.backoff, what)
+    r = http_request(self._session(), "POST", url, body, self._headers(), self.timeout, self.wait, what, backoff=self.backoff)
     if body.get("logprobs") and r.status_code in (400, 422) and "logprobs" in r.text:   # a server without them
         if self.logprobs: warnings.warn(f"{what} does not return log-probs; scoring from the answers' text instead.")
         self.logprobs = False   # threads asking at the same time all land here; the first one warns

@@ -34,13 +34,24 @@ def nan_scores(images, prompts, targets=None, sources=None):
 
 class Redder(RednessReward):
     name = "redder"
+
+class DiesAfter3(RednessReward):
+    "Redness that takes its server down with it at the fourth request (a reward model that crashes)."
+    name = "redness"
+    calls = 0
+    def __call__(self, images, prompts, **kw):
+        DiesAfter3.calls += 1
+        if DiesAfter3.calls == 4:
+            import os
+            os._exit(1)
+        return super().__call__(images, prompts, **kw)
 '''
 
 
 class Server:
     "`glm-grpo serve-reward ARGS --port 0` in a subprocess; its URL is read from the line it prints."
-    def __init__(self, glm_grpo, *args, cwd=None):
-        self.proc = subprocess.Popen([glm_grpo, "serve-reward", *args, "--port", "0"], stdout=subprocess.PIPE,
+    def __init__(self, glm_grpo, *args, cwd=None, port=0):
+        self.proc = subprocess.Popen([glm_grpo, "serve-reward", *args, "--port", str(port)], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=cwd)
         line = self.proc.stdout.readline()
         found = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
@@ -92,7 +103,7 @@ def test_served_step_equals_local_step(glm_grpo, tiny_path):
 
 def test_stopped_server_is_found_when_the_trainer_is_built(glm_grpo, tiny_path, user_rewards):
     with Server(glm_grpo, "user_rewards:Redder", cwd=user_rewards) as server:
-        reward = RemoteReward(server.url, retries=1, backoff=0.05)
+        reward = RemoteReward(server.url, wait=0.2, backoff=0.05)
         assert reward.name == "redder"
         server.stop()
     with pytest.raises(RewardServiceError, match=re.escape(server.url) + ".*cannot connect"):
@@ -102,14 +113,14 @@ def test_stopped_server_is_found_when_the_trainer_is_built(glm_grpo, tiny_path, 
 def test_slow_server_times_out(glm_grpo, user_rewards):
     from PIL import Image
     with Server(glm_grpo, "user_rewards:slow", cwd=user_rewards) as server:
-        reward = RemoteReward(server.url, timeout=0.5, retries=1, backoff=0.05)
-        with pytest.raises(RewardServiceError, match=re.escape(server.url) + r".*no answer within 0\.5 s.*tried 2 times"):
+        reward = RemoteReward(server.url, timeout=0.5, wait=0.6, backoff=0.05)
+        with pytest.raises(RewardServiceError, match=re.escape(server.url) + r".*no answer within 0\.5 s.*gave up after 1 s"):
             reward([Image.new("RGB", (8, 8))] * 2, ["a", "b"])
 
 
 def test_wrong_length_answer(glm_grpo, tiny_path, user_rewards):
     with Server(glm_grpo, "user_rewards:one_short", cwd=user_rewards) as server:
-        trainer = trainer_with(tiny_path, RemoteReward(server.url, retries=0))
+        trainer = trainer_with(tiny_path, RemoteReward(server.url, wait=0))
         before = adapters(trainer)
         with pytest.raises(RewardServiceError, match=re.escape(server.url) + ".*one score per image"):
             trainer.step()
@@ -183,3 +194,48 @@ def test_vlm_judge_against_transformers_serve(tmp_path):
         assert torch.equal(out.total, torch.tensor([float(a == "yes") for a in want]))
     finally:
         proc.terminate(); proc.wait(timeout=30)
+
+
+def test_a_restarting_service_is_waited_for(glm_grpo, tiny_path, capsys):
+    "The service goes away mid-run and comes back on the same address: the step waits, says so twice, and completes."
+    import threading, time
+    with Server(glm_grpo, "redness") as first:
+        trainer = trainer_with(tiny_path, RemoteReward(first.url, wait=120, backoff=0.2))
+        trainer.step()
+        first.stop()
+    port = int(first.url.rsplit(":", 1)[1])
+    later = {}
+    def restart():   # the reward model reloads for a while, then serves again where it was
+        time.sleep(2)
+        later["server"] = Server(glm_grpo, "redness", port=port)
+    thread = threading.Thread(target=restart)
+    thread.start()
+    try:
+        res = trainer.step()
+    finally:
+        thread.join()
+        later["server"].__exit__()
+    assert not res.skipped and trainer.step_count == 2
+    err = capsys.readouterr().err
+    waiting = [l for l in err.splitlines() if "waiting up to 120 s for it to come back" in l]
+    back = [l for l in err.splitlines() if re.search(r"/score: back after \d+ s\.", l)]
+    assert len(waiting) == 1 and first.url in waiting[0] and len(back) == 1, err
+
+
+def test_train_keeps_its_steps_when_the_service_stays_away(glm_grpo, tiny_path, tmp_path, user_rewards):
+    "glm-grpo train: the reward server dies after 3 steps; the run waits --reward-wait s, checkpoints step 3, exits 2."
+    (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    out = tmp_path / "run"
+    with Server(glm_grpo, "user_rewards:DiesAfter3", cwd=user_rewards) as server:
+        r = subprocess.run([glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(tmp_path / "prompts.txt"),
+                            "--reward", server.url, "--reward-wait", "1", "--steps", "10", "--out", str(out),
+                            "--group-size", "2", "--prompts-per-step", "1", "--num-steps", "4", "--ar-lora", "4",
+                            "--dit-lora", "4"], capture_output=True, text=True, env=clean_env(), timeout=600)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000003"]
+    lines = r.stderr.splitlines()
+    assert any("waiting up to 1 s for it to come back" in l for l in lines), r.stderr[-2000:]
+    saved = [l for l in lines if l.startswith("RewardServiceError after 3 steps: saved ")]
+    assert len(saved) == 1 and "the same glm-grpo train command" in saved[0], r.stderr[-2000:]
+    assert lines[-1].startswith(f"glm-grpo train: reward service {server.url}/score: ") and "gave up after" in lines[-1]
+    assert not (out / "run.lock").exists() and "Traceback" not in r.stderr
