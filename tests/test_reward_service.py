@@ -239,3 +239,11 @@ def test_train_keeps_its_steps_when_the_service_stays_away(glm_grpo, tiny_path, 
     assert len(saved) == 1 and "the same glm-grpo train command" in saved[0], r.stderr[-2000:]
     assert lines[-1].startswith(f"glm-grpo train: reward service {server.url}/score: ") and "gave up after" in lines[-1]
     assert not (out / "run.lock").exists() and "Traceback" not in r.stderr
+
+
+def test_soak_within_limits(glm_grpo):
+    "300 requests, 8 at a time, a third of them over a limit: every answer right, every refusal a 4xx, memory flat."
+    from bench.reward_soak import soak
+    figures = soak(300, 8, glm_grpo)   # raises on any wrong answer or refusal
+    assert figures["counts"]["valid"] == 114 and figures["seconds_after_warmup"] < 120, figures
+    assert figures["rss_mb_end"] - figures["rss_mb_after_warmup"] < 25, figures   # no request leaves memory behind
