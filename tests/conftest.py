@@ -5,6 +5,11 @@ from pathlib import Path
 
 import pytest
 
+# One thread per test process (and its subprocesses, which inherit it), set before torch loads: the tiny model's
+# operations are too small to share between threads (a step takes 1.0 s on one thread, 1.2 s on two), and two
+# processes of two threads on two cores take 4.7 s a step each. With `pytest -n auto` each core runs its own tests.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
