@@ -500,6 +500,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'glm_grpo_nb.rewards._texts': ('rewards.html#_texts', 'glm_grpo_nb/rewards.py'),
                                      'glm_grpo_nb.rewards._user_reward': ('rewards.html#_user_reward', 'glm_grpo_nb/rewards.py'),
                                      'glm_grpo_nb.rewards.call_reward': ('rewards.html#call_reward', 'glm_grpo_nb/rewards.py'),
+                                     'glm_grpo_nb.rewards.check_reward_signature': ( 'rewards.html#check_reward_signature',
+                                                                                     'glm_grpo_nb/rewards.py'),
                                      'glm_grpo_nb.rewards.combine': ('rewards.html#combine', 'glm_grpo_nb/rewards.py'),
                                      'glm_grpo_nb.rewards.evaluate_reward': ('rewards.html#evaluate_reward', 'glm_grpo_nb/rewards.py'),
                                      'glm_grpo_nb.rewards.load_reward': ('rewards.html#load_reward', 'glm_grpo_nb/rewards.py'),

@@ -22,7 +22,8 @@ from .loss import group_advantages
 
 # %% auto #0
 __all__ = ['REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores', 'call_reward',
-           'evaluate_reward', 'RewardServiceError', 'load_reward', 'CombinedReward', 'combine', 'parse_rewards']
+           'evaluate_reward', 'RewardServiceError', 'check_reward_signature', 'load_reward', 'CombinedReward',
+           'combine', 'parse_rewards']
 
 # %% ../nbs/03_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -126,6 +127,21 @@ def evaluate_reward(reward, images, prompts, targets=None, sources=None, group_s
 
 class RewardServiceError(ValueError):
     "A reward service could not be reached, timed out, refused the request, or answered something unusable."
+
+def check_reward_signature(reward, where: str = "reward") -> None:
+    "Refuse, before any sampling, a reward that cannot be called as `reward(images, prompts, targets=..., sources=...)`."
+    import inspect
+    for part in getattr(reward, "parts", None) or [(None, reward, None)]:   # a combination: each of its rewards
+        r = part[1]
+        if r is not reward: check_reward_signature(r, where); continue
+        try: sig = inspect.signature(r)   # an object's: its __call__
+        except (TypeError, ValueError): return   # a builtin, say: nothing to read
+        try: sig.bind([], [], targets=None, sources=None)
+        except TypeError as e:
+            name = reward_name(r)
+            raise ValueError(f"{where} {name!r} cannot be called as reward(images, prompts, targets=None, sources=None) "
+                             f"({e}); every reward is, so write it as `def {name}(images, prompts, targets=None, "
+                             "sources=None, **kwargs)` (targets and sources are None when the data has none).") from None
 
 
 # %% ../nbs/03_rewards.ipynb #83ce0ba8

@@ -13,13 +13,19 @@ import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
 from PIL import Image
+import transformers
+from packaging.version import Version
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from .hub import check_image_size, token_grid
 from .policy import GlmImagePolicy, generators, sample_seeds, to_host, train_mode
 
+# the keyword `generate` takes a KV cache by: `cache` from transformers 5.24 on (`past_key_values` is deprecated there)
+CACHE_KEYWORD = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
+
+
 # %% auto #0
-__all__ = ['sampling_logits', 'GridLayout', 'TokenRollout', 'concat_rollouts']
+__all__ = ['CACHE_KEYWORD', 'sampling_logits', 'GridLayout', 'TokenRollout', 'concat_rollouts']
 
 # %% ../nbs/02a_tokens.ipynb #8435e1c0
 def sampling_logits(
@@ -308,7 +314,7 @@ def sample_tokens(
         model = self.sampling_model()   # the AR, or its dense copy (see `policy`)
         out = model.generate(input_ids=self.on_device(ids), attention_mask=self.on_device(mask),
                              image_grid_thw=self.on_device(grids_n), images_per_sample=self.on_device(per_n),
-                             generation_config=gen_cfg, past_key_values=cache,
+                             generation_config=gen_cfg, **{CACHE_KEYWORD: cache},
                              logits_processor=LogitsProcessorList([sampler]))
     logprobs = to_host(sampler.finish(out))  # on the generation device: the recorded distributions live there
     out = to_host(out)

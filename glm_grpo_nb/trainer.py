@@ -23,7 +23,8 @@ from .hub import model_size
 from .loss import group_advantages
 from .objectives import TokenGRPO, make_objective
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows, to_host
-from .rewards import NonFiniteRewardError, RewardOutput, evaluate_reward, group_diversity, reward_name
+from .rewards import (NonFiniteRewardError, RewardOutput, check_reward_signature, evaluate_reward,
+                                 group_diversity, reward_name)
 from .run import RunLoop, _as_dataset, _columns
 from .tokens import TokenRollout, concat_rollouts
 from .flow import LatentTrajectory, concat_trajectories
@@ -191,7 +192,9 @@ class GRPOTrainer(FaultTolerance, RunLoop):
                                ("dit_reward_fn", self.dit_reward_fn, data),
                                ("eval_reward", self.eval_reward, self.eval_dataset or data)):
             if fn is None: continue
-            if id(fn) not in checked and hasattr(fn, "check"): fn.check()   # e.g. a reward server that is down
+            if id(fn) not in checked:
+                check_reward_signature(fn, role)   # a reward written def r(images, prompts) fails here, not after sampling
+                if hasattr(fn, "check"): fn.check()   # e.g. a reward server that is down
             checked.add(id(fn))
             for need, n in rows.unmet_needs(fn).items():
                 raise ValueError(f"GRPOTrainer: {role} {reward_name(fn)!r} needs {need[:-1]} images, but "
@@ -252,11 +255,13 @@ def _timed(seconds: dict, name: str):
 
 # %% ../nbs/05_trainer.ipynb #8c0f1a04
 @patch
-def sample(self: GRPOTrainer, prompts, targets=None, sources=None, step: int | None = None,
+def sample(self: GRPOTrainer, prompts=None, targets=None, sources=None, step: int | None = None,
            seed: int | None = None) -> Sample:
     "Sample tokens, sample latents, decode, score: `group_size` images per prompt (no gradients)."
+    # trainer.sample(step=i): the prompts of step i (default: the next step), drawn as step() would draw them
     c, pol, G, sec = self.config, self.policy, self.config.group_size, {}
     step = self.step_count if step is None else step
+    if prompts is None: prompts, targets, sources = _columns(self.dataset, self._batch_indices(step))
     if seed is None: seeds = lambda n, salt=0: self._sample_seeds(step, n, salt)
     else: seeds = lambda n, salt=0: [mix_seed(seed, salt, i) for i in range(n)]
     ps, ts, ss = _repeat(prompts, G), _repeat(targets, G), _repeat(sources, G)
