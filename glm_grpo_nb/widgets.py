@@ -129,10 +129,14 @@ def plot_history(history: list[dict], fig=None):
     h = [r for r in history if "reward_mean" in r]
     steps = [r["step"] for r in h]
     m = [r["reward_mean"] for r in h]; s = [r.get("reward_std", 0.0) for r in h]
-    axes[0].plot(steps, m); axes[0].fill_between(steps, [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)], alpha=0.2)
+    axes[0].plot(steps, m, label="reward"); axes[0].fill_between(steps, [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)], alpha=0.2)
     for key, marker, label in (("eval/reward", "s", "eval"), ("eval/heldout", "^", "eval, held-out reward")):
         ev = [(r["step"], r[key]) for r in history if key in r]
         if ev: axes[0].plot(*zip(*ev), marker=marker, ls="--", label=label)
+    # each component's raw mean where it differs from the total (several components, or rewards normalised in groups)
+    for key in sorted({k for r in h for k in r if k.startswith("reward/")}):
+        v = [r.get(key, float("nan")) for r in h]
+        if any(abs(a - b) > 1e-6 for a, b in zip(v, m) if a == a): axes[0].plot(steps, v, lw=1, label=key.split("/", 1)[1] + " (raw)")
     div = [(r["step"], r["diversity"]) for r in h if "diversity" in r]
     if div:   # collapsing diversity while the reward rises: the policy may be hacking the reward
         right = axes[0].twinx()
@@ -141,7 +145,8 @@ def plot_history(history: list[dict], fig=None):
         axes[0].legend(handles=axes[0].lines + right.lines, fontsize=7)
     elif len(axes[0].lines) > 1: axes[0].legend(fontsize=7)
     axes[0].set_title("reward mean ± std" + (", diversity" if div else ""))
-    moved = lambda keys: [k for k in keys if any(r.get(k, 0.0) != 0.0 for r in h)]
+    # a KL or clip fraction below float noise (1e-9) is 0: on-policy it is 0 up to rounding
+    moved = lambda keys: [k for k in keys if any(abs(r.get(k, 0.0)) > 1e-9 for r in h)]
     # on-policy (one inner epoch, no KL term) KL and clipping are exactly 0: those panels show what does move instead
     kl = moved([f"{half}/{k}" for half in ("ar", "dit") for k in ("approx_kl", "kl")])
     clip = moved([f"{half}/clip_fraction" for half in ("ar", "dit")])
