@@ -154,8 +154,8 @@ def demo(
                           eval_reward=None if eval_reward is None else combine(parse_rewards(eval_reward)))
     shown = DEMO_PROMPTS[:2]
     first = trainer.evaluate()
-    before, evals, heldout = trainer.sample(shown, seed=seed + 1), {0: first["reward"]}, {}
-    if "heldout" in first: heldout[0] = first["heldout"]
+    before, evals, heldout = trainer.sample(shown, seed=seed + 1), {0: first["eval/reward"]}, {}
+    if "eval/heldout" in first: heldout[0] = first["eval/heldout"]
     def log_evals(t, r):
         if "eval/reward" in t.history[-1]: evals[t.step_count] = t.history[-1]["eval/reward"]
         if "eval/heldout" in t.history[-1]: heldout[t.step_count] = t.history[-1]["eval/heldout"]

@@ -134,14 +134,17 @@ def fit(self: RunLoop, num_steps: int, callback=None, progress: bool = True, liv
                     res = self.step()
                     m = res.metrics
                     kl = m.get('ar/approx_kl', 0.0) + m.get('dit/approx_kl', 0.0)
+                    kl = kl if abs(kl) > 1e-9 else 0.0   # on-policy it is 0 up to rounding
+                    parts = {k[7:]: v for k, v in m.items() if k.startswith("reward/")}
+                    raw = (" (" + ", ".join(f"{k} {v:.4f}" for k, v in parts.items()) + ")") if len(parts) > 1 else ""
                     bar.set_postfix(reward=f"{m.get('reward_mean', float('nan')):.4f}", kl=f"{kl:.2e}")
                     if plot is not None: plot(self, res)
                     elif show and not notebook and log_every and (i + 1) % log_every == 0:
-                        tqdm.write(f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}, "
+                        tqdm.write(f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}{raw}, "
                                    f"approx KL {kl:.2e}, clip {m.get('ar/clip_fraction', 0.0) + m.get('dit/clip_fraction', 0.0):.3f}, "
                                    f"{sum(res.seconds.values()):.2f} s")
                     if c.eval_every and self.eval_dataset is not None and self.step_count % c.eval_every == 0:
-                        ev = {f"eval/{k}": v for k, v in self.evaluate().items()}
+                        ev = self.evaluate()
                         self._write_row({"step": res.step, **ev})   # a row of its own in metrics.jsonl
                         self.history[-1].update(ev)
                     if c.save_every and self.output_dir is not None and self.step_count % c.save_every == 0:
@@ -212,7 +215,8 @@ def _stopped(self: RunLoop, signum: int, summary: FitSummary, notebook: bool):
 @patch
 def evaluate(self: RunLoop, prompts=None, seed: int = 12345, eval_reward=None) -> dict[str, float]:
     "Mean reward per component on `prompts` (default: eval_prompts), fixed seeds, ODE sampling, one image per prompt."
-    # eval_reward (default: the trainer's): a held-out reward also scored, as `heldout` and `heldout/<component>`
+    # keys as the history stores them: eval/reward, eval/<component>; eval_reward (default: the trainer's), a held-out
+    # reward also scored, as eval/heldout and eval/heldout/<component>
     data = _as_dataset(prompts) if prompts is not None else self.eval_dataset
     if data is None: raise ValueError("evaluate: no prompts; pass eval_prompts= to the trainer or prompts= here.")
     ps, targets, sources = _columns(data, range(len(data)))
@@ -224,11 +228,11 @@ def evaluate(self: RunLoop, prompts=None, seed: int = 12345, eval_reward=None) -
                                           seed=seed)
         images = self.policy.decode(traj, c.decode_batch)
         out = evaluate_reward(self.reward_fn, images, ps, targets, sources, normalize=False)
-        res = {"reward": out.total.mean().item(), **{k: v.mean().item() for k, v in out.components.items()}}
+        res = {"eval/reward": out.total.mean().item(), **{f"eval/{k}": v.mean().item() for k, v in out.components.items()}}
         held = self.eval_reward if eval_reward is None else eval_reward
         if held is not None:
             h = evaluate_reward(held, images, ps, targets, sources, normalize=False)
-            res.update({"heldout": h.total.mean().item(), **{f"heldout/{k}": v.mean().item() for k, v in h.components.items()}})
+            res.update({"eval/heldout": h.total.mean().item(), **{f"eval/heldout/{k}": v.mean().item() for k, v in h.components.items()}})
     return res
 
 # %% ../nbs/05e_run.ipynb #b2e00008

@@ -75,7 +75,7 @@ def test_a_training_run_keeps_to_the_boundary(policy, tmp_path):
             trainer = GRPOTrainer(policy, RednessReward(), data, **kw, **more)
             result = trainer.step()
             assert not result.skipped and len(result.images) == 4
-            assert set(trainer.evaluate(data, seed=0)) >= {"reward"}
+            assert set(trainer.evaluate(data, seed=0)) >= {"eval/reward"}
             trainer.save()   # NFT: the old adapter is written from the device
             trainer.close()
     assert boundary.ops > 10_000   # the check saw the whole step: sampling, decoding, both updates
