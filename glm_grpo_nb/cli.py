@@ -402,16 +402,12 @@ def evaluate(
         check_image_size(h0 if height is None else height, w0 if width is None else width, "evaluate: --height/--width")
     check_hub_model(model, "evaluate: --model")
     from glm_grpo_nb.evaluation import evaluate_model, format_metrics
-    from glm_grpo_nb.rewards import parse_rewards
-    wanted = [m.strip() for m in metrics.split(",") if m.strip()]
-    # ocr and reward names go by name (text metrics come with ocr); module:object and URLs as rewards
-    named = [m for m in wanted if ":" not in m or re.match(r"https?://", m)]
-    own = list(parse_rewards(",".join(m for m in wanted if m not in named))) if len(named) < len(wanted) else []
-    models_of = dict(p.split("=", 1) for p in reward_models.split(",") if "=" in p)
-    res = evaluate_model(model, prompts, out=out, adapters=adapters or (), metrics=named + own, split=split,
+    from glm_grpo_nb.rewards import reward_models as models_of
+    res = evaluate_model(model, prompts, out=out, adapters=adapters or (), split=split,
+                         metrics=[m.strip() for m in metrics.split(",") if m.strip()],
                          samples_per_prompt=samples_per_prompt, seed=seed, height=height, width=width,
                          num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
-                         reward_models=models_of, device=device)
+                         reward_models=models_of(reward_models), device=device)
     print(format_metrics(res))
     print(f"wrote {Path(out) / 'metrics.json'}, {Path(out) / 'samples.csv'} and {Path(out) / 'report.png'}")
     return 0

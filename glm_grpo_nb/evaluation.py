@@ -121,15 +121,16 @@ def _prompt_set(prompts, split: str) -> PromptDataset:
     return PromptDataset(prompts)
 
 def _metric_rewards(metrics, reward_models: dict | None) -> list:
-    "The rewards `metrics` names: built-in names (model paths from `reward_models`), reward server URLs, or rewards."
-    from glm_grpo_nb.rewards import REWARDS, RemoteReward, load_reward
+    "The rewards `metrics` names: built-in names (model paths from `reward_models`), module:object, URLs, or rewards."
+    from glm_grpo_nb.rewards import REWARDS, RemoteReward, _user_reward, load_reward
     out = []
     for m in metrics:
         if not isinstance(m, str): out.append(m)
         elif re.match(r"https?://", m): out.append(RemoteReward(m))
+        elif ":" in m: out.append(_user_reward(m))   # your own, module:object
         elif m in REWARDS: out.append(load_reward(m, **({"model": reward_models[m]} if m in (reward_models or {}) else {})))
         else: raise ValueError(f"evaluate_model: unknown metric {m!r}; use ocr (text metrics), a reward name "
-                               f"({', '.join(sorted(REWARDS))}), a reward server's URL, or a reward object.")
+                               f"({', '.join(sorted(REWARDS))}), module:object, a reward server's URL, or a reward object.")
     if not out: raise ValueError("evaluate_model: metrics= is empty; pass at least one, e.g. ['ocr'].")
     return out
 
@@ -144,10 +145,10 @@ def _generate(entries, rows, out: Path, samples_per_prompt: int, seed: int, prog
     from tqdm.auto import tqdm
     jobs = [(name, k) for name in entries for k in range(len(rows) * samples_per_prompt)]
     paths = {name: [out / "images" / name / f"{k:05d}.png" for k in range(len(rows) * samples_per_prompt)] for name in entries}
-    todo = [(name, k) for name, k in jobs if not paths[name][k].exists()]
-    bar = tqdm(total=len(todo), desc="images", disable=not progress or not todo)
+    missing = [(name, k) for name, k in jobs if not paths[name][k].exists()]   # made before are kept
+    bar = tqdm(total=len(missing), desc="images", disable=not progress or not missing)
     for name, m in entries.items():
-        mine = [k for n, k in todo if n == name]
+        mine = [k for n, k in missing if n == name]
         if not mine: continue
         paths[name][0].parent.mkdir(parents=True, exist_ok=True)
         for k in mine:
@@ -196,12 +197,16 @@ def _score(paths, rows, rewards, samples_per_prompt: int, batch: int = 16) -> di
 # %% ../nbs/09_evaluation.ipynb #047b96c6
 _TEXT = ("word_accuracy", "ned", "sentence_accuracy")
 
+def _metric_keys(records) -> list[str]:
+    "The metrics of `records` (dicts per image) in the order shown: the text metrics first, then as they first appear."
+    seen = list(dict.fromkeys(k for r in records for k in r if k not in ("read", "text")))
+    return [k for k in _TEXT if k in seen] + [k for k in seen if k not in _TEXT]
+
 def _summary(scored, rows, samples_per_prompt: int) -> dict:
     "Per model: images, text and other images, and every metric's mean with its bootstrap interval."
     out = {}
     for name, recs in scored.items():
-        seen = list(dict.fromkeys(k for r in recs for k in r if k not in ("read", "text")))
-        keys = [k for k in _TEXT if k in seen] + [k for k in seen if k not in _TEXT]   # the text metrics first
+        keys = _metric_keys(recs)
         metrics = {}
         for key in keys:
             groups = [[recs[k][key] for k in range(i * samples_per_prompt, (i + 1) * samples_per_prompt) if key in recs[k]]
@@ -213,8 +218,7 @@ def _summary(scored, rows, samples_per_prompt: int) -> dict:
     return out
 
 def _write_csv(path: Path, scored, rows, samples_per_prompt: int, seed: int, paths):
-    seen = list(dict.fromkeys(k for recs in scored.values() for r in recs for k in r if k not in ("read", "text")))
-    keys = [k for k in _TEXT if k in seen] + [k for k in seen if k not in _TEXT]
+    keys = _metric_keys([r for recs in scored.values() for r in recs])
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["model", "prompt_index", "prompt", "sample", "seed", "image", "text", "read", *keys])
@@ -265,7 +269,7 @@ def evaluate_model(
     prompts=None,                      # .txt/.jsonl/.csv file or folder, list, PromptDataset, or a Hugging Face dataset id
     out: str | Path = "runs/eval",     # output folder (an interrupted evaluation resumes in it)
     adapters=(),                       # trained adapter folders, each scored beside the base model; "NAME=FOLDER" names one
-    metrics=("ocr",),                  # "ocr" (word accuracy, NED, sentence accuracy + the OCR score), reward names, URLs, rewards
+    metrics=("ocr",),                  # "ocr" (word accuracy, NED, sentence accuracy + the OCR score), reward names, module:object, URLs, rewards
     samples_per_prompt: int = 1,       # images per prompt and model
     seed: int = 0,                     # image k of every model is made from seed + k
     height: int | None = None, width: int | None = None,   # image size (default: the model's own)

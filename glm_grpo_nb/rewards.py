@@ -23,7 +23,7 @@ from .loss import group_advantages
 # %% auto #0
 __all__ = ['REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores', 'call_reward',
            'evaluate_reward', 'RewardServiceError', 'check_reward_signature', 'load_reward', 'CombinedReward',
-           'combine', 'parse_rewards']
+           'combine', 'reward_models', 'parse_rewards']
 
 # %% ../nbs/03_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -131,17 +131,17 @@ class RewardServiceError(ValueError):
 def check_reward_signature(reward, where: str = "reward") -> None:
     "Refuse, before any sampling, a reward that cannot be called as `reward(images, prompts, targets=..., sources=...)`."
     import inspect
-    for part in getattr(reward, "parts", None) or [(None, reward, None)]:   # a combination: each of its rewards
-        r = part[1]
-        if r is not reward: check_reward_signature(r, where); continue
-        try: sig = inspect.signature(r)   # an object's: its __call__
-        except (TypeError, ValueError): return   # a builtin, say: nothing to read
-        try: sig.bind([], [], targets=None, sources=None)
-        except TypeError as e:
-            name = reward_name(r)
-            raise ValueError(f"{where} {name!r} cannot be called as reward(images, prompts, targets=None, sources=None) "
-                             f"({e}); every reward is, so write it as `def {name}(images, prompts, targets=None, "
-                             "sources=None, **kwargs)` (targets and sources are None when the data has none).") from None
+    if getattr(reward, "parts", None):   # a combination: each of its rewards
+        for _, r, _ in reward.parts: check_reward_signature(r, where)
+        return
+    try: sig = inspect.signature(reward)   # an object's: its __call__
+    except (TypeError, ValueError): return   # a builtin, say: nothing to read
+    try: sig.bind([], [], targets=None, sources=None)
+    except TypeError as e:
+        name = reward_name(reward)
+        raise ValueError(f"{where} {name!r} cannot be called as reward(images, prompts, targets=None, sources=None) "
+                         f"({e}); every reward is, so write it as `def {name}(images, prompts, targets=None, "
+                         "sources=None, **kwargs)` (targets and sources are None when the data has none).") from None
 
 
 # %% ../nbs/03_rewards.ipynb #83ce0ba8
@@ -234,15 +234,20 @@ def _user_reward(spec: str):
     if not callable(obj): raise ValueError(f"--reward: {spec!r} is a {type(obj).__name__}, not a reward (a callable).")
     return obj
 
+def reward_models(spec: str) -> dict[str, str]:
+    "'clip=PATH,ocr=PATH' -> {reward name: model path} (the command line's --reward-models)."
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, path = part.partition("=")
+        if not path: raise ValueError(f"--reward-models: {part!r} should be NAME=PATH.")
+        out[name] = path
+    return out
+
 def parse_rewards(spec: str, models: str = "", wait: float | None = None) -> dict:
     "'ssim=1,clip=0.5' -> {reward: weight} for `combine`: built-in names (models by 'clip=PATH'), module:object, or URLs."
     # the command line's reward spec; wait: seconds a served reward may be away (default: RemoteReward's)
     from glm_grpo_nb.served import RemoteReward
-    model_of = {}
-    for part in filter(None, (p.strip() for p in models.split(","))):
-        name, _, path = part.partition("=")
-        if not path: raise ValueError(f"--reward-models: {part!r} should be NAME=PATH.")
-        model_of[name] = path
+    model_of = reward_models(models)
     out = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, eq, w = part.rpartition("=") if "=" in part else (part, "", "")

@@ -164,18 +164,23 @@ def fit(self: RunLoop, num_steps: int, callback=None, progress: bool = True, liv
         return self._stopped(agreed, summary, notebook)
 
 @patch
+def _checkpoint_of_this_step(self: RunLoop) -> tuple[Path | None, Path | None]:
+    "(the latest checkpoint, or None; it again if it is of the last completed step, e.g. save_every just wrote it)."
+    done = checkpoints(self.output_dir / "checkpoints")
+    latest = done[-1] if done else None
+    return latest, latest if latest is not None and latest.name == f"step-{self.step_count:06d}" else None
+
+@patch
 def _save_after_error(self: RunLoop, error: Exception) -> Path | None:
     "After an error ends `fit`: checkpoint the last completed step (once), release the run folder, say so in one line."
     if self.output_dir is None or self.step_count == 0: return None
-    done = checkpoints(self.output_dir / "checkpoints")
-    latest = done[-1] if done else None
+    latest, saved = self._checkpoint_of_this_step()   # saved: when save_every just wrote this step
     what = f"{type(error).__name__} after {self.step_count} steps"
-    saved, how = None, (f"continue with GRPOTrainer.resume({str(self.output_dir)!r}, ...) or the same glm-grpo train "
-                        "command once the cause is fixed")
-    if latest is not None and latest.name == f"step-{self.step_count:06d}": saved = latest   # save_every just wrote it
-    elif self.accelerator.num_processes > 1:   # the others may be waiting in a collective: a save would wait forever
+    how = (f"continue with GRPOTrainer.resume({str(self.output_dir)!r}, ...) or the same glm-grpo train command once "
+           "the cause is fixed")
+    if saved is None and self.accelerator.num_processes > 1:   # the others may be waiting in a collective: a save would wait forever
         how = f"with several processes nothing more is saved after an error (latest checkpoint: {latest}); {how}"
-    else:
+    elif saved is None:
         try: saved = self.save()
         except Exception as e:   # the save is atomic: nothing partial is left; the original error is what is raised
             how = (f"could not save the last completed step ({type(e).__name__}: {e}); the latest checkpoint is "
@@ -200,10 +205,9 @@ def _stopped(self: RunLoop, signum: int, summary: FitSummary, notebook: bool):
     summary.stopped_by = name
     saved = None
     if self.output_dir is not None and self.step_count > 0:
-        done = checkpoints(self.output_dir / "checkpoints")
         # with several processes every one calls save (it waits for all); alone, a checkpoint of this step is kept
-        on_disk = self.accelerator.num_processes == 1 and done and done[-1].name == f"step-{self.step_count:06d}"
-        saved = done[-1] if on_disk else self.save()
+        on_disk = self._checkpoint_of_this_step()[1] if self.accelerator.num_processes == 1 else None
+        saved = on_disk or self.save()
     if self.accelerator.is_main_process:
         how = (f"saved {saved}; continue with GRPOTrainer.resume({str(self.output_dir)!r}, ...) or the same glm-grpo "
                "train command" if saved else "nothing saved (no output_dir); call fit() again to continue")
