@@ -28,3 +28,4 @@ if __name__ == "__main__":
                   metadata={"num_processes": str(acc.num_processes),
                             "rewards": " ".join(f"{h['reward_mean']:.7f}" for h in trainer.history)})
     acc.wait_for_everyone()
+    if torch.distributed.is_initialized(): torch.distributed.destroy_process_group()   # gloo's threads end before the interpreter does

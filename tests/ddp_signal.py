@@ -38,3 +38,4 @@ if __name__ == "__main__":
     except TrainingStopped as e:
         code = e.code
     with open(f"{report}.{acc.process_index}.json", "w") as f: json.dump({"code": code, "step": trainer.step_count}, f)
+    if torch.distributed.is_initialized(): torch.distributed.destroy_process_group()   # gloo's threads end before the interpreter does

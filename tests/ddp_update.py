@@ -34,3 +34,4 @@ if __name__ == "__main__":
         save_file({**{n: p.detach().contiguous() for n, p in policy.named_parameters() if p.requires_grad}, **old}, out,
                   metadata={"reward_std": str(metrics["reward_std"]), "num_processes": str(acc.num_processes)})
     acc.wait_for_everyone()
+    if torch.distributed.is_initialized(): torch.distributed.destroy_process_group()   # gloo's threads end before the interpreter does
