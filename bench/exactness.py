@@ -73,7 +73,7 @@ def fingerprint(name: str, settings: dict, work: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     policy = GlmImagePolicy.from_pretrained(work / "tiny", ar_lora=4, dit_lora=4, device="cpu", verbose=False)
     trainer = GRPOTrainer(policy, RednessReward(), data, group_size=3, prompts_per_step=2, height=64, width=64,
-                          num_steps=4, sde_window=(1, 3), seed=7, lr=3e-3, kl_coef=0.05, num_inner_epochs=2,
+                          num_inference_steps=4, sde_window=(1, 3), seed=7, lr=3e-3, kl_coef=0.05, num_inner_epochs=2,
                           micro_batch_size=4, save_every=2, output_dir=out, diversity_warning=0.0, **settings)
     weights = []
     for _ in range(3):

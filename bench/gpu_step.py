@@ -60,11 +60,11 @@ def run(policy, group_size, prompts_per_step, steps, sources=None, size=1024, ob
     data = [{"prompt": p, **({"source": sources} if sources else {})} for p in PROMPTS]
     guidance, window = (1.5, [0, 1]) if objective == "flow_grpo" else (1.0, None)
     t = GRPOTrainer(policy, RednessReward(), data, group_size=group_size, prompts_per_step=prompts_per_step,
-                    height=size, width=size, num_steps=10, sde_window=window, guidance_scale=guidance, micro_batch_size=1,
+                    height=size, width=size, num_inference_steps=10, sde_window=window, guidance_scale=guidance, micro_batch_size=1,
                     lr=1e-5, max_consecutive_skips=100, dit_objective=objective)
     gh, gw = token_grid(size, size)
     pl = plan(height=size, width=size, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=True,
-              lora_rank=16, num_steps=10, sde_window=window, guidance_scale=guidance, micro_batch_size=1,
+              lora_rank=16, num_inference_steps=10, sde_window=window, guidance_scale=guidance, micro_batch_size=1,
               dit_objective=objective,
               decode_batch=t.config.decode_batch, sampling_copy=policy.sampling_copy,
               prompt_len=128 + (gh * gw if sources else 0))   # i2i: the source's codes are part of the prompt

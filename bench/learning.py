@@ -46,7 +46,7 @@ def run(job):
     policy = GlmImagePolicy.from_pretrained(job["tiny"], ar_lora=8, dit_lora=8, device="cpu", lora_seed=job["seed"],
                                             verbose=False)
     trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=4, prompts_per_step=3, height=64, width=64,
-                          num_steps=8, seed=job["seed"], dit_lr=job["lr"], diversity_warning=0.0,
+                          num_inference_steps=8, seed=job["seed"], dit_lr=job["lr"], diversity_warning=0.0,
                           **MODES[job["mode"]], **METHODS[job["method"]])
     evaluate = lambda: sum(trainer.evaluate(EVAL_PROMPTS, seed=s)["eval/reward"] for s in EVAL_SEEDS) / len(EVAL_SEEDS)
     seconds, curve, rows = 0.0, [(0, 0.0, evaluate())], []

@@ -19,7 +19,7 @@ if __name__ == "__main__":
     for mode in ("joint", "decoupled"):
         policy = GlmImagePolicy.from_pretrained(path, ar_lora=8, dit_lora=8, verbose=False)
         t = GRPOTrainer(policy, RednessReward(), prompts, group_size=8, prompts_per_step=2, height=64, width=64,
-                        num_steps=10, mode=mode, micro_batch_size=8)
+                        num_inference_steps=10, mode=mode, micro_batch_size=8)
         t.fit(1, progress=False)  # warm up
         hist = t.fit(5, progress=False)
         sec = {p: sum(h[f"seconds/{p}"] for h in hist) / len(hist) for p in PHASES}

@@ -18,7 +18,7 @@ import typing
 from fastcore.docments import docments
 
 from . import __version__
-from .config import GRPOConfig
+from .config import RENAMED, GRPOConfig
 from .hub import check_folder, check_hub_model, check_image_size, mark_folder, model_size, resolve_model
 
 # %% auto #0
@@ -50,7 +50,7 @@ def generate(
     height: int = None,      # image height, a multiple of 32 (default: the model's own size, 1024 for GLM-Image)
     width: int = None,       # image width, a multiple of 32 (default: the model's own size)
     num_images: int = 1,     # images per prompt
-    num_steps: int = 20,     # denoising steps of the DiT
+    num_inference_steps: int = 20,  # denoising steps of the DiT
     guidance_scale: float = 1.5,  # classifier-free guidance of the DiT
     seed: int = 0,           # seed for the AR sampling and the initial noise
     device: str = None,      # torch device (default: CUDA if available)
@@ -75,7 +75,7 @@ def generate(
     if adapters is not None: apply_adapters(pipe, adapters)
     pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
-    images = pipe([prompt], height=height, width=width, num_images_per_prompt=num_images, num_inference_steps=num_steps,
+    images = pipe([prompt], height=height, width=width, num_images_per_prompt=num_images, num_inference_steps=num_inference_steps,
                   guidance_scale=guidance_scale, generator=torch.Generator(device).manual_seed(seed)).images
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +149,7 @@ def demo(
     model = make_tiny_glm_image(out / "model")
     policy = GlmImagePolicy.from_pretrained(model, ar_lora=8, dit_lora=8, device="cpu", lora_seed=seed, verbose=False)
     trainer = GRPOTrainer(policy, RednessReward(), DEMO_PROMPTS, group_size=group_size, prompts_per_step=prompts_per_step,
-                          height=64, width=64, num_steps=6, sde_window=(0, 3), lr=lr, seed=seed, output_dir=out,
+                          height=64, width=64, num_inference_steps=6, sde_window=(0, 3), lr=lr, seed=seed, output_dir=out,
                           keep_results=1, eval_prompts=DEMO_PROMPTS, eval_every=5, dit_objective=dit_objective,
                           eval_reward=None if eval_reward is None else combine(parse_rewards(eval_reward)))
     shown = DEMO_PROMPTS[:2]
@@ -355,7 +355,7 @@ def plan(
     train: str = "both",       # ar, dit or both
     gradient_checkpointing: bool = True,  # recompute activations in backward (much less memory, slower)
     micro_batch_size: int = 1, # samples per forward/backward
-    num_steps: int = 10,       # denoising steps
+    num_inference_steps: int = 10,  # denoising steps
     sde_window: list[int] = None,  # the stochastic (trained) steps, e.g. 0 1 (default: the first quarter)
     guidance_scale: float = 1.5,  # DiT guidance (<= 1: one branch)
     dit_objective: str = "flow_grpo",  # the DiT's objective: flow_grpo or nft (DiffusionNFT)
@@ -369,7 +369,7 @@ def plan(
     from glm_grpo_nb.memory import plan as make_plan
     p = make_plan(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step,
                   load_in_4bit=load_in_4bit, lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing,
-                  micro_batch_size=micro_batch_size, num_steps=num_steps, sde_window=sde_window,
+                  micro_batch_size=micro_batch_size, num_inference_steps=num_inference_steps, sde_window=sde_window,
                   guidance_scale=guidance_scale, dit_objective=dit_objective, decode_batch=decode_batch, sampling_copy=sampling_copy,
                   reward_model_params=reward_model_params, budget_gb=budget_gb)
     p.suggestions = [_flags(ch) for ch in p.changes] + p.suggestions[len(p.changes):]   # as options of this command
@@ -443,11 +443,16 @@ def command_parser(func, prog: str, more_help: dict | None = None) -> argparse.A
     return parser
 
 def _option_style(parser, argv):
-    "Accept `--num-steps` and `--num_steps` alike."
+    "Accept `--num-images` and `--num_images` alike, and a renamed option's old name (`--num-steps`, with a note)."
     known = {o for a in parser._actions for o in a.option_strings}
+    renamed = {"--" + old.replace("_", "-"): "--" + new.replace("_", "-") for old, new in RENAMED.items()}
     def fix(arg):
         name, eq, value = arg.partition("=")
         if not name.startswith("--") or name in known: return arg
+        new = renamed.get(name.replace("_", "-"))
+        if new in known:
+            print(f"glm-grpo: {name} is now called {new}; the old name still works but will go.", file=sys.stderr)
+            return new + eq + value
         for alt in (name.replace("_", "-"), "--" + name[2:].replace("-", "_")):
             if alt in known: return alt + eq + value
         return arg

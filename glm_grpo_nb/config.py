@@ -6,18 +6,41 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import warnings
 from dataclasses import dataclass, field
 
 from .hub import IMAGE_BLOCK, check_image_size, sde_steps
 
 # %% auto #0
-__all__ = ['DIT_OBJECTIVES', 'setting', 'GRPOConfig']
+__all__ = ['RENAMED', 'DIT_OBJECTIVES', 'setting', 'renamed_settings', 'deprecated', 'GRPOConfig']
 
 # %% ../nbs/05a_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
     "A `GRPOConfig` field: its default, the line of help the CLI shows, and its allowed values when there are few."
     return field(default=default, metadata={"help": help, "choices": choices})
+
+# settings renamed: the old name still works, warning once (checkpoints that store it read back silently)
+RENAMED = {"num_steps": "num_inference_steps"}
+_warned: set[str] = set()
+
+def renamed_settings(settings: dict, where: str) -> dict:
+    "`settings` with each old name (`RENAMED`) replaced by its new one; the first use of an old name warns."
+    out = dict(settings)
+    for old, new in RENAMED.items():
+        if old not in out: continue
+        if new in out: raise ValueError(f"{where}: {old} is the old name of {new}; pass {new} only.")
+        deprecated(where, old, new)
+        out[new] = out.pop(old)
+    return out
+
+def deprecated(where: str, old: str, new: str, stacklevel: int = 4):
+    "Warn, once per old name, that `old` is now called `new`."
+    if old in _warned: return
+    _warned.add(old)
+    warnings.warn(f"{where}: {old} is now called {new}; the old name still works but will go.", FutureWarning,
+                  stacklevel=stacklevel)
 
 # the DiT's objectives by name (glm_grpo_nb.objectives.OBJECTIVES; named here so that the CLI's choices need no torch)
 DIT_OBJECTIVES = ("flow_grpo", "nft")
@@ -38,7 +61,8 @@ class GRPOConfig:
     temperature: float = setting(1.0, "AR sampling temperature")
     top_k: int = setting(0, "AR top-k truncation (0: off, the exact distribution)")
     top_p: float = setting(1.0, "AR top-p truncation (1: off, the exact distribution)")
-    num_steps: int = setting(10, "denoising steps while training")
+    num_inference_steps: int = setting(10, "denoising steps while training (diffusers' name; training steps are "
+                                       "fit's / --steps)")
     noise_level: float = setting(0.7, "SDE noise scale a of the stochastic denoising steps (flow_grpo; nft samples with the ODE)")
     sde_type: str = setting("sde", "stochastic step: sde (Flow-GRPO) or cps (coefficient-preserving)", ("sde", "cps"))
     cps_logprob: str = setting("density", "cps step log-prob: density (exact Gaussian, PPO clip ranges apply) or "
@@ -66,7 +90,7 @@ class GRPOConfig:
     nft_beta: float = setting(1.0, "DiffusionNFT beta: how far the implicit positive and negative policies sit from the old one")
     nft_adv_clip: float = setting(5.0, "DiffusionNFT advantage clip A_max: r = clip(A, -A_max, A_max) / (2 A_max) + 1/2")
     nft_timesteps: int | None = setting(None, "DiffusionNFT noise levels trained per sample and step, drawn from the "
-                                        "sampling schedule (default: all num_steps)")
+                                        "sampling schedule (default: all num_inference_steps)")
     nft_decay_rate: float = setting(0.001, "old policy: old <- d old + (1 - d) new after each step, d rising by this per step")
     nft_decay_max: float = setting(0.5, "old policy: the largest decay d")
     nft_decay_warmup: int = setting(0, "old policy: steps with d = 0 (the old policy is the last one) before d rises")
@@ -99,7 +123,7 @@ class GRPOConfig:
             choices, v = f.metadata["choices"], getattr(self, f.name)
             if choices and v not in choices and not (f.name == "dit_objective" and not isinstance(v, str)):
                 raise self._bad(f.name, "one of " + ", ".join(map(repr, choices)))
-        for name, low in (("group_size", 2), ("prompts_per_step", 1), ("top_k", 0), ("num_steps", 1),
+        for name, low in (("group_size", 2), ("prompts_per_step", 1), ("top_k", 0), ("num_inference_steps", 1),
                           ("num_inner_epochs", 1), ("micro_batch_size", 1), ("decode_batch", 1),
                           ("ar_sample_batch", 1), ("dit_sample_batch", 1), ("eval_every", 0), ("save_every", 0),
                           ("keep_checkpoints", 1), ("seed", 0), ("max_consecutive_skips", 0), ("keep_results", 1),
@@ -125,7 +149,7 @@ class GRPOConfig:
         if self.height is not None or self.width is not None:
             check_image_size(IMAGE_BLOCK if self.height is None else self.height,
                              IMAGE_BLOCK if self.width is None else self.width, "GRPOConfig")
-        if self.sde_window is not None: self.sde_window = sde_steps(self.sde_window, self.num_steps)
+        if self.sde_window is not None: self.sde_window = sde_steps(self.sde_window, self.num_inference_steps)
 
     @staticmethod
     def _finite(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -141,8 +165,20 @@ class GRPOConfig:
         if not self._finite(v) or v < low or (strict and v == low):
             raise self._bad(name, f"a finite number {'>' if strict else '>='} {low}")
 
+    @property
+    def num_steps(self) -> int:
+        "Old name of `num_inference_steps` (warns once)."
+        deprecated("GRPOConfig", "num_steps", "num_inference_steps", stacklevel=3)
+        return self.num_inference_steps
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GRPOConfig":
+        "The settings a checkpoint stored (`to_dict`), old names included, as a validated config."
+        return cls(**{RENAMED.get(k, k): v for k, v in d.items()})
+
     def replace(self, **changes) -> "GRPOConfig":
         "A copy with some settings changed (and validated); unknown names are an error that lists the known ones."
+        changes = renamed_settings(changes, "GRPOConfig")
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise ValueError(f"unknown setting(s) {', '.join(unknown)}; GRPOConfig has "
@@ -157,3 +193,8 @@ class GRPOConfig:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if not isinstance(d["dit_objective"], str): d["dit_objective"] = d["dit_objective"].name
         return {k: list(v) if isinstance(v, list) else v for k, v in d.items()}
+
+_dataclass_init = GRPOConfig.__init__
+@functools.wraps(_dataclass_init)
+def _init(self, *args, **settings): _dataclass_init(self, *args, **renamed_settings(settings, "GRPOConfig"))
+GRPOConfig.__init__ = _init   # GRPOConfig(num_steps=...) still works

@@ -18,7 +18,7 @@ from PIL import Image
 from .hub import IMAGE_BLOCK, check_image_size
 
 # %% auto #0
-__all__ = ['IMAGE_SUFFIXES', 'Example', 'open_image', 'PromptDataset']
+__all__ = ['IMAGE_SUFFIXES', 'COLUMNS', 'RESERVED', 'Example', 'open_image', 'PromptDataset']
 
 # %% ../nbs/04_data.ipynb #dd45d4ab
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
@@ -29,6 +29,10 @@ class Example:
     prompt: str
     target: Path | Image.Image | None = None
     sources: list[Path | Image.Image] | None = None
+    columns: dict | None = None   # the row's other columns, {name: value}, handed to rewards that ask for them
+
+COLUMNS = ("prompt", "target", "source", "sources")   # the columns a dataset reads itself
+RESERVED = ("images", "prompts", "targets", "sources")   # the names every reward is called with
 
 @contextlib.contextmanager
 def open_image(p: Path | Image.Image):
@@ -84,7 +88,12 @@ def _example(where, d, base):
     if isinstance(src, str) and not src.startswith("<"): src = [s for s in src.split("|") if s.strip()]
     sources = [path(s) for s in src] if isinstance(src, list) else ([path(src)] if src is not None and src != "" else None)
     if sources is not None: sources = [s for s in sources if s is not None] or None
-    return (Example(prompt.strip(), target, sources) if not errs else None), errs
+    columns = {k: v for k, v in d.items() if k not in COLUMNS}
+    for k in columns:
+        if k in RESERVED or not isinstance(k, str) or not k.isidentifier():
+            errs.append(f"{where}: a column may not be called {k!r} (rewards take their columns as keyword arguments, "
+                        f"and {', '.join(RESERVED)} are the names of their usual ones); rename it.")
+    return (Example(prompt.strip(), target, sources, columns or None) if not errs else None), errs
 
 # %% ../nbs/04_data.ipynb #da7a0006
 def _collect_folder(p: Path):
@@ -192,6 +201,8 @@ class PromptDataset:
         if check_images: errors += _check_images(self.examples, self.size)
         if errors:
             raise ValueError(f"PromptDataset: {len(errors)} problem(s):\n  " + "\n  ".join(errors))
+        # the other columns, in the order they first appear; rows without one give None
+        self.column_names = list(dict.fromkeys(k for e in self.examples for k in (e.columns or {})))
 
     def __len__(self): return len(self.examples)
     def __repr__(self):
@@ -208,10 +219,11 @@ class PromptDataset:
         return im.resize(self.size, Image.Resampling.BICUBIC) if self.size and im.size != self.size else im
 
     def __getitem__(self, i) -> dict:
-        "{'prompt': str, 'target': PIL or None, 'sources': list of PIL or None}."
+        "{'prompt': str, 'target': PIL or None, 'sources': list of PIL or None, and each other column's value}."
         e = self.examples[i]
         return {"prompt": e.prompt, "target": self._load(e.target) if e.target else None,
-                "sources": [self._load(s) for s in e.sources] if e.sources else None}
+                "sources": [self._load(s) for s in e.sources] if e.sources else None,
+                **{k: (e.columns or {}).get(k) for k in self.column_names}}
 
     def unmet_needs(self, reward) -> dict[str, int]:
         "{'targets' or 'sources': rows that have one} for each kind of image `reward` needs that not every row has."
@@ -228,6 +240,9 @@ class PromptDataset:
                 return [Path(p).name, Path(p).stat().st_size if Path(p).exists() else None]
             for e in self.examples:
                 row = [e.prompt, stat(e.target) if e.target is not None else None, [stat(s) for s in e.sources or []]]
+                if e.columns:   # rows without other columns hash as they always did
+                    row.append(json.dumps(e.columns, sort_keys=True, default=lambda v: stat(v) if isinstance(
+                        v, Image.Image) else repr(v)))
                 h.update(json.dumps(row).encode())
             self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint

@@ -177,9 +177,11 @@ def _score(paths, rows, rewards, samples_per_prompt: int, batch: int = 16) -> di
             r = [rows[k // samples_per_prompt] for k in ks]
             targets = [x["target"] for x in r] if all(x["target"] is not None for x in r) else None
             sources = [x["sources"] for x in r] if all(x["sources"] is not None for x in r) else None
+            columns = {c: [x[c] for x in r] for c in r[0] if c not in ("prompt", "target", "sources")}
             part = [{} for _ in ks]
             for reward in rewards:
-                res = evaluate_reward(reward, images, [x["prompt"] for x in r], targets, sources, normalize=False)
+                res = evaluate_reward(reward, images, [x["prompt"] for x in r], targets, sources, normalize=False,
+                                      columns=columns)
                 key = reward_name(reward)
                 reads = next((v for t, v in res.texts.items() if t.endswith("read")), None)
                 for i, k in enumerate(ks):

@@ -102,7 +102,7 @@ def _retry_oom(self: FaultTolerance, phase: str, n: int, run, before_retry=None)
             raise OutOfMemory(f"out of memory in {phase} with {name}={' then '.join(map(str, tried))} ({failure}). Lower "
                               f"what the step holds at once: height/width ({self.config.width}x{self.config.height}), "
                               f"group_size ({self.config.group_size}), prompts_per_step ({self.config.prompts_per_step}), "
-                              f"num_steps ({self.config.num_steps}), or load the base weights in 4 bits; "
+                              f"num_inference_steps ({self.config.num_inference_steps}), or load the base weights in 4 bits; "
                               f"{self._plan_command()} shows what fits.")
         self.config = self.config.replace(**{name: size // 2})
         self._lowered[name] = size // 2
@@ -118,7 +118,7 @@ def _plan_command(self: FaultTolerance) -> str:
     window = f" --sde-window {' '.join(map(str, c.sde_window))}" if c.sde_window else ""
     return (f"glm-grpo plan --height {c.height} --width {c.width} --group-size {c.group_size} --prompts-per-step "
             f"{c.prompts_per_step} --{'' if self.policy.load_in_4bit else 'no-'}load-in-4bit --train {train} "
-            f"--micro-batch-size 1 --decode-batch 1 --num-steps {c.num_steps}{window} --guidance-scale {c.guidance_scale:g}"
+            f"--micro-batch-size 1 --decode-batch 1 --num-inference-steps {c.num_inference_steps}{window} --guidance-scale {c.guidance_scale:g}"
             f"{f' --dit-objective {dit}' if dit in OBJECTIVES else ''}")
 
 # %% ../nbs/05d_faults.ipynb #a1f0000b

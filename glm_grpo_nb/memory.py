@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .config import deprecated
 from .objectives import objective_class
 from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, check_image_size, lora_targeted, sde_steps, token_grid
 
@@ -103,7 +104,7 @@ class MemoryPlan:
 
 # %% ../nbs/07_memory.ipynb #23fb9d44
 def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, lora_rank, train, gradient_checkpointing,
-              micro_batch_size, num_steps, sde_window, guidance_scale, dtype_bytes, reward_model_params, prompt_len, decode_batch,
+              micro_batch_size, num_inference_steps, sde_window, guidance_scale, dtype_bytes, reward_model_params, prompt_len, decode_batch,
               sampling_copy, dit_objective="flow_grpo"):
     ar, dit, t5, vae = mods["ar"], mods["dit"], mods["text_encoder"], mods["vae"]
     N = group_size * prompts_per_step
@@ -124,8 +125,8 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
     lat = N * dc.in_channels * (height // 8) * (width // 8) * 4
     per_block = mb * tokens * (12 * inner) * dtype_bytes
     # what the objective holds: asked of it (objectives.Objective.plan_memory), in these sizes
-    sizes = dict(dit_lora_params=lora_params(dit, DIT_LORA_TARGETS, lora_rank), latents=lat, num_steps=num_steps,
-                 window_steps=len(sde_steps(sde_window, num_steps)), guidance_branches=cfg,
+    sizes = dict(dit_lora_params=lora_params(dit, DIT_LORA_TARGETS, lora_rank), latents=lat, num_inference_steps=num_inference_steps,
+                 window_steps=len(sde_steps(sde_window, num_inference_steps)), guidance_branches=cfg,
                  forward=mb * tokens * inner * dtype_bytes * dc.num_layers if gradient_checkpointing else per_block * dc.num_layers,
                  recompute=per_block if gradient_checkpointing else 0)
     held, update_dit = objective_class(dit_objective, "plan").plan_memory(sizes)
@@ -173,7 +174,8 @@ def plan(
     train: str = "both",                     # "ar", "dit" or "both"
     gradient_checkpointing: bool = True,
     micro_batch_size: int | None = 1,        # samples per forward/backward in the update
-    num_steps: int = 10, sde_window=None,    # denoising steps and stochastic window (as in sample_latents)
+    num_inference_steps: int = 10,           # denoising steps
+    sde_window=None,                         # stochastic (trained) steps (as in sample_latents)
     guidance_scale: float = 1.5,
     dit_objective: str = "flow_grpo",        # the DiT's objective: a name in objectives.OBJECTIVES, or an Objective
     dtype: str = "bfloat16",                 # compute dtype
@@ -183,8 +185,11 @@ def plan(
     sampling_copy: bool = True,              # the copy of the AR's language model that samples tokens
     budget_gb: float = 80.0,                 # GPU memory
     modules: dict | None = None,             # components to plan for (default: the real model on the meta device)
+    num_steps: int | None = None,            # old name of num_inference_steps (warns once)
 ) -> MemoryPlan:
     "Predict the peak GPU memory of a GRPO step; suggest settings that fit when it does not."
+    if num_steps is not None:
+        deprecated("plan", "num_steps", "num_inference_steps", stacklevel=3); num_inference_steps = num_steps
     if train not in ("ar", "dit", "both"): raise ValueError(f"plan: train must be 'ar', 'dit' or 'both', got {train!r}.")
     for name, v in (("group_size", group_size), ("prompts_per_step", prompts_per_step), ("micro_batch_size", micro_batch_size),
                     ("decode_batch", decode_batch)):
@@ -195,7 +200,7 @@ def plan(
     mods = real_modules() if modules is None else modules
     args = dict(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=load_in_4bit,
                 lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing, micro_batch_size=micro_batch_size,
-                num_steps=num_steps, sde_window=sde_window, guidance_scale=guidance_scale, dtype_bytes=DTYPE_BYTES[dtype],
+                num_inference_steps=num_inference_steps, sde_window=sde_window, guidance_scale=guidance_scale, dtype_bytes=DTYPE_BYTES[dtype],
                 reward_model_params=reward_model_params, prompt_len=prompt_len, decode_batch=decode_batch,
                 sampling_copy=sampling_copy, dit_objective=dit_objective)
     p = MemoryPlan(*_estimate(mods, **args), budget=int(budget_gb * GB))

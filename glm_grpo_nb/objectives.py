@@ -178,9 +178,9 @@ class DiffusionNFT(Objective):
         if config.kl_type != "velocity":
             raise ValueError("GRPOConfig: dit_objective='nft' has no SDE steps whose means a KL could compare; its KL is "
                              "on the velocity: pass kl_type='velocity' (or leave it unset).")
-        if config.nft_timesteps is not None and config.nft_timesteps > config.num_steps:
-            raise ValueError(f"GRPOConfig: nft_timesteps={config.nft_timesteps} is more than the schedule's num_steps="
-                             f"{config.num_steps} noise levels; pass at most {config.num_steps}.")
+        if config.nft_timesteps is not None and config.nft_timesteps > config.num_inference_steps:
+            raise ValueError(f"GRPOConfig: nft_timesteps={config.nft_timesteps} is more than the schedule's num_inference_steps="
+                             f"{config.num_inference_steps} noise levels; pass at most {config.num_inference_steps}.")
 
     def setup(self, trainer, named_params, trains):
         super().setup(trainer, named_params, trains)
@@ -248,7 +248,7 @@ class DiffusionNFT(Objective):
     def plan_memory(cls, sizes):
         resident = {"old DiT LoRA (NFT) + its snapshot": sizes["dit_lora_params"] * 8}   # fp32, and its snapshot copy
         return resident, {"activations (one noise level, no guidance)": sizes["forward"] + sizes["recompute"],
-                          "old velocities (fp32)": sizes["num_steps"] * sizes["latents"]}
+                          "old velocities (fp32)": sizes["num_inference_steps"] * sizes["latents"]}
 
 # %% ../nbs/05c_objectives.ipynb #0da96be0
 OBJECTIVES: dict[str, type[Objective]] = {o.name: o for o in (FlowGRPO, DiffusionNFT)}   # the DiT's, by name

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import os
 import re
@@ -21,9 +22,9 @@ from PIL import Image
 from .loss import group_advantages
 
 # %% auto #0
-__all__ = ['REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores', 'call_reward',
-           'evaluate_reward', 'RewardServiceError', 'check_reward_signature', 'load_reward', 'CombinedReward',
-           'combine', 'reward_models', 'parse_rewards']
+__all__ = ['CALL_NAMES', 'REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores',
+           'reward_columns', 'columns_for', 'call_reward', 'evaluate_reward', 'RewardServiceError',
+           'check_reward_signature', 'load_reward', 'CombinedReward', 'combine', 'reward_models', 'parse_rewards']
 
 # %% ../nbs/03_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -35,8 +36,8 @@ class Reward(ABC):
     @abstractmethod
     def score(self, images, prompts, targets=None, sources=None) -> torch.Tensor:
         "One score per image, shape [len(images)], higher is better."
-    def __call__(self, images, prompts, targets=None, sources=None) -> torch.Tensor:
-        return self.score(images, prompts, targets, sources)
+    def __call__(self, images, prompts, targets=None, sources=None, **columns) -> torch.Tensor:
+        return self.score(images, prompts, targets, sources, **columns)   # columns: those `score` asks for by name
     def to(self, device=None, dtype=None):
         "Move the reward's models (if any) to `device`/`dtype`, e.g. to the CPU while the policy trains."
         return self
@@ -64,8 +65,11 @@ class RewardOutput:
                             seconds=self.seconds, info={k: v[rows] for k, v in self.info.items()},
                             texts={k: [v[r] for r in rows] for k, v in self.texts.items()})
 
-def _check_inputs(images, prompts, targets, sources):
+def _check_inputs(images, prompts, targets, sources, columns=None):
     n = len(images)
+    for k, v in (columns or {}).items():
+        if not isinstance(v, (list, tuple)) or len(v) != n:
+            raise ValueError(f"evaluate_reward: column {k!r} must be a list of one value per image ({n}).")
     if n == 0: raise ValueError("evaluate_reward: no images to score.")
     for i, im in enumerate(images):
         if not isinstance(im, Image.Image): raise ValueError(f"evaluate_reward: image {i} is a {type(im).__name__}, not a PIL image.")
@@ -101,8 +105,33 @@ def _texts(name: str, key: str, texts, n: int) -> list[str]:
         raise ValueError(f"reward {name!r}: last_texts[{key!r}] must be a list of {n} strings, one per image.")
     return list(texts)
 
-def call_reward(reward, images, prompts, targets=None, sources=None) -> RewardOutput:
-    "Check a reward's needs, call it, validate its scores and its `last_info` / `last_texts`, and time it."
+CALL_NAMES = ("images", "prompts", "targets", "sources")   # what every reward is called with
+
+def _signature_of(reward):
+    "The signature a reward is called through: a `Reward`'s `score` (unless it has its own `__call__`), else its own."
+    fn = reward.score if isinstance(reward, Reward) and type(reward).__call__ is Reward.__call__ else reward
+    try: return inspect.signature(fn)
+    except (TypeError, ValueError): return None   # a builtin, say: nothing to read
+
+def reward_columns(reward) -> tuple[str, ...] | None:
+    "The dataset columns `reward` asks for by name (None: every column, it takes **kwargs)."
+    if hasattr(reward, "dataset_columns"): return reward.dataset_columns   # declared (a served reward: its server's)
+    if getattr(reward, "parts", None):   # a combination: what any of its rewards asks for
+        asked = [reward_columns(r) for _, r, _ in reward.parts]
+        return None if any(a is None for a in asked) else tuple(dict.fromkeys(c for a in asked for c in a))
+    sig = _signature_of(reward)
+    if sig is None: return ()
+    params = sig.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params): return None
+    return tuple(p.name for p in params if p.name not in CALL_NAMES and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+def columns_for(reward, columns: dict | None) -> dict:
+    "The dataset columns `reward` asks for, of those given."
+    asked = reward_columns(reward)
+    return {k: list(v) for k, v in (columns or {}).items() if asked is None or k in asked}
+
+def call_reward(reward, images, prompts, targets=None, sources=None, columns=None) -> RewardOutput:
+    "Check a reward's needs, call it (with the dataset columns it asks for), validate its scores, `last_info`, `last_texts`."
     name, n = reward_name(reward), len(images)
     if getattr(reward, "needs_targets", False) and targets is None:
         raise ValueError(f"reward {name!r} compares with target images but none were given; use a dataset with targets "
@@ -110,7 +139,7 @@ def call_reward(reward, images, prompts, targets=None, sources=None) -> RewardOu
     if getattr(reward, "needs_sources", False) and sources is None:
         raise ValueError(f"reward {name!r} needs the source images of an i2i dataset; none were given.")
     t = time.perf_counter()
-    out = reward(images, prompts, targets=targets, sources=sources)
+    out = reward(images, prompts, targets=targets, sources=sources, **columns_for(reward, columns))
     seconds = time.perf_counter() - t
     scores = validate_scores(name, out, n)
     key = lambda k: k if k.startswith(name + "/") else f"{name}/{k}"   # a served reward's keys carry its name already
@@ -119,26 +148,34 @@ def call_reward(reward, images, prompts, targets=None, sources=None) -> RewardOu
     return RewardOutput(total=scores, components={name: scores}, seconds={name: seconds}, info=info, texts=texts)
 
 def evaluate_reward(reward, images, prompts, targets=None, sources=None, group_size: int | None = None,
-                    normalize: bool | None = None) -> RewardOutput:
+                    normalize: bool | None = None, columns: dict | None = None) -> RewardOutput:
     "The one entry point for scoring: a single reward or a `combine`d one, checked and timed."
-    _check_inputs(images, prompts, targets, sources)
-    if hasattr(reward, "evaluate"): return reward.evaluate(images, prompts, targets, sources, group_size, normalize)  # combined
-    return call_reward(reward, images, prompts, targets, sources)
+    # columns: the dataset's other columns, {name: [one value per image]}; each reward gets those it asks for
+    _check_inputs(images, prompts, targets, sources, columns)
+    if hasattr(reward, "evaluate"):   # combined or served
+        return reward.evaluate(images, prompts, targets, sources, group_size, normalize, **({"columns": columns} if columns else {}))
+    return call_reward(reward, images, prompts, targets, sources, columns)
 
 class RewardServiceError(ValueError):
     "A reward service could not be reached, timed out, refused the request, or answered something unusable."
 
-def check_reward_signature(reward, where: str = "reward") -> None:
-    "Refuse, before any sampling, a reward that cannot be called as `reward(images, prompts, targets=..., sources=...)`."
-    import inspect
+def check_reward_signature(reward, where: str = "reward", columns=()) -> None:
+    "Refuse, before any sampling, a reward that cannot be called with what it will be given (the dataset's `columns`)."
     if getattr(reward, "parts", None):   # a combination: each of its rewards
-        for _, r, _ in reward.parts: check_reward_signature(r, where)
+        for _, r, _ in reward.parts: check_reward_signature(r, where, columns)
         return
-    try: sig = inspect.signature(reward)   # an object's: its __call__
-    except (TypeError, ValueError): return   # a builtin, say: nothing to read
-    try: sig.bind([], [], targets=None, sources=None)
+    sig, name = _signature_of(reward), reward_name(reward)
+    if sig is None: return
+    given = columns_for(reward, {c: [] for c in columns})
+    try: sig.bind([], [], targets=None, sources=None, **given)
     except TypeError as e:
-        name = reward_name(reward)
+        missing = [p.name for p in sig.parameters.values() if p.default is p.empty and p.name not in CALL_NAMES
+                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given]
+        if missing:
+            have = ", ".join(columns) if columns else "no columns besides prompt, target and source"
+            raise ValueError(f"{where} {name!r} asks for {', '.join(missing)}, which the dataset does not have (it has "
+                             f"{have}); add {'that column' if len(missing) == 1 else 'those columns'} to the data, or "
+                             "give the parameter a default.") from None
         raise ValueError(f"{where} {name!r} cannot be called as reward(images, prompts, targets=None, sources=None) "
                          f"({e}); every reward is, so write it as `def {name}(images, prompts, targets=None, "
                          "sources=None, **kwargs)` (targets and sources are None when the data has none).") from None
@@ -200,22 +237,23 @@ class CombinedReward(Reward):
         for _, r, _ in self.parts:
             if hasattr(r, "check"): r.check()
 
-    def evaluate(self, images, prompts, targets=None, sources=None, group_size=None, normalize=None) -> RewardOutput:
+    def evaluate(self, images, prompts, targets=None, sources=None, group_size=None, normalize=None,
+                 columns=None) -> RewardOutput:
         "Score and report every component; `normalize` overrides the constructor's (False: plain weighted sum)."
-        _check_inputs(images, prompts, targets, sources)
+        _check_inputs(images, prompts, targets, sources, columns)
         normalize = self.normalize if normalize is None else normalize
         if normalize and not group_size:
             raise ValueError("combine(normalize=True) z-scores each component inside its group; pass group_size.")
         total, comps, secs, info, texts = torch.zeros(len(images)), {}, {}, {}, {}
         for name, r, w in self.parts:
-            o = call_reward(r, images, prompts, targets, sources)
+            o = call_reward(r, images, prompts, targets, sources, columns)   # each part: the columns it asks for
             comps[name], secs[name] = o.total, o.seconds[name]
             info.update(o.info); texts.update(o.texts)
             total += w * (group_advantages(o.total, group_size)[0] if normalize else o.total)
         return RewardOutput(total=total, components=comps, seconds=secs, info=info, texts=texts)
 
-    def score(self, images, prompts, targets=None, sources=None):
-        return self.evaluate(images, prompts, targets, sources).total
+    def score(self, images, prompts, targets=None, sources=None, **columns):
+        return self.evaluate(images, prompts, targets, sources, columns=columns).total
 
 def combine(weights: dict, normalize: bool = False) -> CombinedReward:
     "One reward from `{name_or_reward: weight}`: the weighted sum, with every component reported."

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .checkpoint import (checkpoints, damaged, identity_differences, read_checkpoint, read_tensors,
                                     resolve_checkpoint, rng_state, run_identity, set_rng_state, truncate_metrics,
                                     write_checkpoint)
-from .config import DIT_OBJECTIVES, GRPOConfig
+from .config import DIT_OBJECTIVES, GRPOConfig, renamed_settings
 from .data import PromptDataset
 from .faults import TrainingStopped, _StopOnSignals
 from .hub import RunLock, mark_folder, remove_leftovers
@@ -40,12 +40,13 @@ def _as_dataset(data) -> PromptDataset:
     return PromptDataset(data)
 
 def _columns(dataset: PromptDataset, idx):
-    "Prompts, targets (or None) and source lists (or None) of the dataset rows `idx`."
+    "Prompts, targets (or None), source lists (or None) and other columns ({name: values}) of the rows `idx`."
     rows = [dataset[i] for i in idx]
     prompts = [r["prompt"] for r in rows]
     targets = [r["target"] for r in rows] if dataset.has_targets else None
     sources = [r["sources"] for r in rows] if dataset.has_sources else None
-    return prompts, targets, sources
+    columns = {c: [r[c] for r in rows] for c in dataset.column_names}
+    return prompts, targets, sources, columns
 
 
 # %% ../nbs/05e_run.ipynb #b2e00007
@@ -223,19 +224,19 @@ def evaluate(self: RunLoop, prompts=None, seed: int = 12345, eval_reward=None) -
     # reward also scored, as eval/heldout and eval/heldout/<component>
     data = _as_dataset(prompts) if prompts is not None else self.eval_dataset
     if data is None: raise ValueError("evaluate: no prompts; pass eval_prompts= to the trainer or prompts= here.")
-    ps, targets, sources = _columns(data, range(len(data)))
+    ps, targets, sources, columns = _columns(data, range(len(data)))
     c = self.config
     with torch.no_grad():
         roll = self.policy.sample_tokens(ps, 1, c.height, c.width, images=sources, temperature=c.temperature,
                                          top_k=c.top_k, top_p=c.top_p, seed=seed)
-        traj = self.policy.sample_latents(roll, num_steps=c.num_steps, noise_level=0.0, guidance_scale=c.guidance_scale,
+        traj = self.policy.sample_latents(roll, num_steps=c.num_inference_steps, noise_level=0.0, guidance_scale=c.guidance_scale,
                                           seed=seed)
         images = self.policy.decode(traj, c.decode_batch)
-        out = evaluate_reward(self.reward_fn, images, ps, targets, sources, normalize=False)
+        out = evaluate_reward(self.reward_fn, images, ps, targets, sources, normalize=False, columns=columns)
         res = {"eval/reward": out.total.mean().item(), **{f"eval/{k}": v.mean().item() for k, v in out.components.items()}}
         held = self.eval_reward if eval_reward is None else eval_reward
         if held is not None:
-            h = evaluate_reward(held, images, ps, targets, sources, normalize=False)
+            h = evaluate_reward(held, images, ps, targets, sources, normalize=False, columns=columns)
             res.update({"eval/heldout": h.total.mean().item(), **{f"eval/heldout/{k}": v.mean().item() for k, v in h.components.items()}})
     return res
 
@@ -287,6 +288,7 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
            allow_changes: tuple[str, ...] = (), **overrides) -> "GRPOTrainer":
     "A trainer continuing exactly from a checkpoint (or the latest one in an output_dir); `overrides` change settings."
     # allow_changes: parts of the run that may differ from the checkpoint's ("model", "adapters", "dataset", "reward")
+    overrides = renamed_settings(overrides, "resume")
     ckpt = resolve_checkpoint(directory)
     state, opt = read_checkpoint(ckpt)
     if "output_dir" not in overrides and ckpt.parent.name == "checkpoints": overrides["output_dir"] = ckpt.parent.parent
@@ -295,7 +297,7 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
     elif stored.get("dit_objective", "flow_grpo") not in DIT_OBJECTIVES:
         raise ValueError(f"resume: {ckpt} was trained with dit_objective {stored['dit_objective']!r}, an objective of "
                          "your own; pass dit_objective=<that objective object> to resume it.")
-    try: stored = GRPOConfig(**stored)
+    try: stored = GRPOConfig.from_dict(stored)
     except (TypeError, ValueError, KeyError) as e: raise damaged(ckpt / "trainer_state.json", e) from None
     settings = {k: v for k, v in overrides.items() if k in stored.to_dict()}
     dataset = _as_dataset(dataset)

@@ -5,6 +5,7 @@
 # %% ../nbs/03d_served.ipynb #1dcaecb8
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -18,7 +19,7 @@ import torch
 from PIL import Image
 
 from .rewards import (NonFiniteRewardError, Reward, RewardOutput, RewardServiceError, _check_inputs, _texts,
-                                 evaluate_reward, reward_name, validate_scores)
+                                 columns_for, evaluate_reward, reward_columns, reward_name, validate_scores)
 
 # %% auto #0
 __all__ = ['TOKEN_ENV', 'MAX_PIXELS', 'MAX_IMAGES', 'REWARD_WAIT', 'JUDGE_QUESTIONS', 'listen_token', 'png_base64', 'TooLarge',
@@ -77,7 +78,7 @@ def reward_app(reward, token: str | None = None, max_request_mb: float = 1024, m
     from starlette.routing import Route
     lock, log = threading.Lock(), logging.getLogger("glm_grpo_nb.serve_reward")
     about = {"protocol": 1, "name": reward_name(reward), "needs_targets": bool(getattr(reward, "needs_targets", False)),
-             "needs_sources": bool(getattr(reward, "needs_sources", False))}
+             "needs_sources": bool(getattr(reward, "needs_sources", False)), "columns": reward_columns(reward)}
     expected = f"Bearer {token}".encode() if token else None
 
     def refused(request):
@@ -101,9 +102,12 @@ def reward_app(reward, token: str | None = None, max_request_mb: float = 1024, m
         prompts = body.get("prompts")
         if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
             raise ValueError("'prompts' must be a list of strings, one per image")
+        columns = body.get("columns") or None
+        if columns is not None and not isinstance(columns, dict):
+            raise ValueError("'columns' must be an object of dataset columns, {name: [one value per image]}")
         with lock:
             out = evaluate_reward(reward, images, prompts, targets, sources, group_size=body.get("group_size"),
-                                  normalize=body.get("normalize"))
+                                  normalize=body.get("normalize"), columns=columns)
         return JSONResponse({"scores": out.total.tolist(), "components": {k: v.tolist() for k, v in out.components.items()},
                              "info": {k: v.tolist() for k, v in out.info.items()}, "texts": out.texts, "seconds": out.seconds})
 
@@ -226,6 +230,8 @@ class RemoteReward(Reward):
                                      "is this a glm-grpo serve-reward server?")
         self.name = about["name"]
         self.needs_targets, self.needs_sources = bool(about.get("needs_targets")), bool(about.get("needs_sources"))
+        asked = about.get("columns", [])   # a server that does not say asks for none
+        self.dataset_columns = None if asked is None else tuple(asked)
 
     def check(self) -> None:
         "Ask the server again what it serves (the trainer calls this when it is built)."
@@ -249,11 +255,18 @@ class RemoteReward(Reward):
         except ValueError: raise RewardServiceError(f"reward service {self.url}{path} answered something that is not JSON: "
                                                     f"{r.text[:200]!r}") from None
 
-    def evaluate(self, images, prompts, targets=None, sources=None, group_size=None, normalize=None) -> RewardOutput:
+    def evaluate(self, images, prompts, targets=None, sources=None, group_size=None, normalize=None,
+                 columns=None) -> RewardOutput:
         "One request for all the images; the answer checked like a local reward's."
-        _check_inputs(images, prompts, targets, sources)
+        _check_inputs(images, prompts, targets, sources, columns)
         n, payload = len(images), {"images": [png_base64(im) for im in images], "prompts": list(prompts),
                                    "group_size": group_size, "normalize": normalize}
+        if asked := columns_for(self, columns):
+            try: json.dumps(asked)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"reward service {self.url} asks for the columns {', '.join(asked)}, but they hold "
+                                 f"values JSON cannot carry ({e}); send it text or numbers.") from None
+            payload["columns"] = asked
         if self.needs_targets and targets is not None: payload["targets"] = [png_base64(t) for t in targets]
         if self.needs_sources and sources is not None: payload["sources"] = [[png_base64(s) for s in ss] for ss in sources]
         t = time.perf_counter()
@@ -273,8 +286,8 @@ class RemoteReward(Reward):
         self.last_info, self.last_texts = info, texts
         return RewardOutput(total=total, components=comps, seconds={k: seconds for k in comps}, info=info, texts=texts)
 
-    def score(self, images, prompts, targets=None, sources=None):
-        return self.evaluate(images, prompts, targets, sources).total
+    def score(self, images, prompts, targets=None, sources=None, **columns):
+        return self.evaluate(images, prompts, targets, sources, columns=columns).total
 
     def __repr__(self): return f"RemoteReward({self.url!r}, name={self.name!r})"
 

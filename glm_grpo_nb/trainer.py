@@ -51,6 +51,7 @@ class Sample:
     dit_images: list[Image.Image] | None = None  # decoupled: the DiT group's images
     dit_reward: RewardOutput | None = None       # decoupled: their rewards
     seconds: dict = field(default_factory=dict)
+    columns: dict = field(default_factory=dict)  # the dataset's other columns, {name: [N] values}
 
     def select(self, rows) -> "Sample":
         "The samples `rows` (whole groups, for sharding across processes)."
@@ -63,7 +64,8 @@ class Sample:
         return Sample(prompts=pick(self.prompts), targets=pick(self.targets), sources=pick(self.sources), group_size=G,
                       rollout=self.rollout.select(rows).regroup(G), trajectory=self.trajectory.select(rows).regroup(G),
                       images=pick(self.images), reward=rsel(self.reward), dit_images=pick(self.dit_images),
-                      dit_reward=rsel(self.dit_reward), seconds=self.seconds)
+                      dit_reward=rsel(self.dit_reward), seconds=self.seconds,
+                      columns={k: pick(v) for k, v in self.columns.items()})
 
 # %% ../nbs/05_trainer.ipynb #56f45230
 @dataclass
@@ -192,14 +194,15 @@ class GRPOTrainer(FaultTolerance, RunLoop):
                                ("dit_reward_fn", self.dit_reward_fn, data),
                                ("eval_reward", self.eval_reward, self.eval_dataset or data)):
             if fn is None: continue
-            if id(fn) not in checked:
-                check_reward_signature(fn, role)   # a reward written def r(images, prompts) fails here, not after sampling
-                if hasattr(fn, "check"): fn.check()   # e.g. a reward server that is down
+            check_reward_signature(fn, role, rows.column_names)   # def r(images, prompts) fails here, not after sampling
+            if id(fn) not in checked and hasattr(fn, "check"): fn.check()   # e.g. a reward server that is down
             checked.add(id(fn))
             for need, n in rows.unmet_needs(fn).items():
                 raise ValueError(f"GRPOTrainer: {role} {reward_name(fn)!r} needs {need[:-1]} images, but "
                                  f"{'not every row' if n else 'no row'} of the {'eval prompts' if rows is not data else 'dataset'} "
                                  f"has one; give every prompt a {need[:-1]} (a '{need[:-1]}' column) or use a reward without them.")
+        if self.eval_dataset is not None:   # evaluate() scores the eval prompts with reward_fn too
+            check_reward_signature(self.reward_fn, "reward_fn (on eval_prompts)", self.eval_dataset.column_names)
         if data.size is not None and data.has_targets and data.size != (c.width, c.height):
             raise ValueError(f"GRPOTrainer: the dataset resizes images to {data.size[0]}x{data.size[1]} but images are "
                              f"generated at {c.width}x{c.height}; build it with resize=({c.width}, {c.height}).")
@@ -256,17 +259,19 @@ def _timed(seconds: dict, name: str):
 # %% ../nbs/05_trainer.ipynb #8c0f1a04
 @patch
 def sample(self: GRPOTrainer, prompts=None, targets=None, sources=None, step: int | None = None,
-           seed: int | None = None) -> Sample:
+           seed: int | None = None, columns: dict | None = None) -> Sample:
     "Sample tokens, sample latents, decode, score: `group_size` images per prompt (no gradients)."
-    # trainer.sample(step=i): the prompts of step i (default: the next step), drawn as step() would draw them
+    # trainer.sample(step=i): the prompts of step i (default: the next step), drawn as step() would draw them;
+    # columns: the dataset's other columns, {name: one value per prompt}, for the rewards that ask for them
     c, pol, G, sec = self.config, self.policy, self.config.group_size, {}
     step = self.step_count if step is None else step
-    if prompts is None: prompts, targets, sources = _columns(self.dataset, self._batch_indices(step))
+    if prompts is None: prompts, targets, sources, columns = _columns(self.dataset, self._batch_indices(step))
     if seed is None: seeds = lambda n, salt=0: self._sample_seeds(step, n, salt)
     else: seeds = lambda n, salt=0: [mix_seed(seed, salt, i) for i in range(n)]
     ps, ts, ss = _repeat(prompts, G), _repeat(targets, G), _repeat(sources, G)
-    score = lambda reward_fn, images: evaluate_reward(reward_fn, images, ps, ts, ss, group_size=G)
-    latent_kw = dict(num_steps=c.num_steps, sde_type=c.sde_type, sde_window=c.sde_window,
+    cs = {k: _repeat(v, G) for k, v in (columns or {}).items()}
+    score = lambda reward_fn, images: evaluate_reward(reward_fn, images, ps, ts, ss, group_size=G, columns=cs)
+    latent_kw = dict(num_steps=c.num_inference_steps, sde_type=c.sde_type, sde_window=c.sde_window,
                      guidance_scale=c.guidance_scale, cps_logprob=c.cps_logprob)
     dit = self.objectives["dit"]   # how the DiT samples for its objective: noise, and under which adapter
     decode = lambda traj: self._retry_oom("decode", len(ps), lambda: pol.decode(traj, self.config.decode_batch))
@@ -278,7 +283,7 @@ def sample(self: GRPOTrainer, prompts=None, targets=None, sources=None, step: in
                 roll, seed=seeds(len(ps), 1), **latent_kw, **dit.sampling()))
         with _timed(sec, "decode"): images = decode(traj)
         with _timed(sec, "reward"): reward = score(self.reward_fn, images)
-        return Sample(ps, ts, ss, G, roll, traj, images, reward, seconds=sec)
+        return Sample(ps, ts, ss, G, roll, traj, images, reward, seconds=sec, columns=cs)
     # decoupled: the AR group shares one noise per prompt and ODE steps; the DiT group shares one token sequence
     with _timed(sec, "sample_dit"):
         vsf = pol.pipeline.vae_scale_factor
@@ -293,7 +298,7 @@ def sample(self: GRPOTrainer, prompts=None, targets=None, sources=None, step: in
     with _timed(sec, "decode"): images, dit_images = decode(traj_ar), decode(traj)
     with _timed(sec, "reward"):
         reward, dit_reward = score(self.ar_reward_fn, images), score(self.dit_reward_fn, dit_images)
-    return Sample(ps, ts, ss, G, roll, traj, images, reward, dit_images, dit_reward, seconds=sec)
+    return Sample(ps, ts, ss, G, roll, traj, images, reward, dit_images, dit_reward, seconds=sec, columns=cs)
 
 def _chunks(n: int, size: int | None) -> list[list[int]]:
     "Rows 0..n-1 in consecutive chunks of `size` (None: one chunk)."
@@ -449,9 +454,9 @@ def step(self: GRPOTrainer) -> StepResult:
     "One GRPO step: sample, score, advantages, update, log. All or nothing: if it raises, nothing has changed."
     if self._lock is not None: self._lock.check()
     idx = self._batch_indices(self.step_count)
-    prompts, targets, sources = _columns(self.dataset, idx)
+    prompts, targets, sources, columns = _columns(self.dataset, idx)
     s, error, self._lowered = None, None, {}
-    try: s = self.sample(prompts, targets, sources)
+    try: s = self.sample(prompts, targets, sources, columns=columns)
     except NonFiniteRewardError as e: error = e
     snap = self._snapshot()
     self._finishing = True   # from here on a first Ctrl-C / SIGTERM lets the step finish (see `fit`)

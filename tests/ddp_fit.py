@@ -20,7 +20,7 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     policy = GlmImagePolicy.from_pretrained(model, ar_lora=4, dit_lora=4, device="cpu", verbose=False)
     trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=2, prompts_per_step=4 // acc.num_processes,
-                          height=64, width=64, num_steps=4, sde_window=(0, 2), lr=1e-4, kl_coef=0.05, save_every=1,
+                          height=64, width=64, num_inference_steps=4, sde_window=(0, 2), lr=1e-4, kl_coef=0.05, save_every=1,
                           accelerator=acc, output_dir=run_dir)
     trainer.fit(2, progress=False)
     if acc.is_main_process:

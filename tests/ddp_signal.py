@@ -31,7 +31,7 @@ if __name__ == "__main__":
     policy = GlmImagePolicy.from_pretrained(model, ar_lora=4, dit_lora=4, device="cpu", verbose=False)
     last = acc.process_index == acc.num_processes - 1
     trainer = GRPOTrainer(policy, SignalOnSecondCall(last), PROMPTS, group_size=2, prompts_per_step=1, height=64,
-                          width=64, num_steps=4, sde_window=(0, 2), lr=1e-4, accelerator=acc, output_dir=run_dir)
+                          width=64, num_inference_steps=4, sde_window=(0, 2), lr=1e-4, accelerator=acc, output_dir=run_dir)
     try:
         trainer.fit(5, progress=False)
         code = 0

@@ -20,7 +20,7 @@ if __name__ == "__main__":
     policy = GlmImagePolicy.from_pretrained(model, ar_lora=4, dit_lora=4, device="cpu", verbose=False)
     n_local = len(PROMPTS) // acc.num_processes
     trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=2, prompts_per_step=n_local, height=64, width=64,
-                          num_steps=4, sde_window=(0, 2), lr=1e-3, advantage_scale="batch", kl_coef=0.05,
+                          num_inference_steps=4, sde_window=(0, 2), lr=1e-3, advantage_scale="batch", kl_coef=0.05,
                           micro_batch_size=3, accelerator=acc, dit_objective=objective, nft_timesteps=2,
                           nft_decay_rate=0.3)
     full = trainer.sample(PROMPTS, seed=1234)          # the same global batch on every process

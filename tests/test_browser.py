@@ -29,7 +29,7 @@ from glm_grpo_nb.trainer import GRPOTrainer
 from glm_grpo_nb.widgets import show_history
 policy = GlmImagePolicy.from_pretrained(make_tiny_glm_image("tiny"), ar_lora=4, dit_lora=4, verbose=False)
 trainer = GRPOTrainer(policy, RednessReward(), ["a blue square on a white background", "a cyan field"], group_size=4,
-                      prompts_per_step=2, height=64, width=64, num_steps=4, sde_window=(0, 2), lr=3e-3)""",
+                      prompts_per_step=2, height=64, width=64, num_inference_steps=4, sde_window=(0, 2), lr=3e-3)""",
     "res = trainer.step()\nres.show()",
     "trainer.fit(3)",
     "show_history(trainer)",

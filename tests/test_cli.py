@@ -17,7 +17,7 @@ def test_help_and_version(glm_grpo):
     r = run(glm_grpo, "--version")
     assert r.returncode == 0 and r.stdout.strip() == glm_grpo_nb.__version__
     r = run(glm_grpo, "generate", "--help")
-    assert r.returncode == 0 and "--num-steps" in r.stdout and "multiple of 32" in r.stdout
+    assert r.returncode == 0 and "--num-inference-steps" in r.stdout and "multiple of 32" in r.stdout
 
 
 def test_tiny_then_generate(glm_grpo, tmp_path):
@@ -25,7 +25,7 @@ def test_tiny_then_generate(glm_grpo, tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "tiny" / "model_index.json").exists()
     r = run(glm_grpo, "generate", "--model", str(tmp_path / "tiny"), "--prompt", "a 'HI' sign", "--num-images", "2",
-            "--num-steps", "2", "--out", str(tmp_path / "out" / "img.png"))
+            "--num-inference-steps", "2", "--out", str(tmp_path / "out" / "img.png"))
     assert r.returncode == 0, r.stderr
     for i in range(2):
         assert Image.open(tmp_path / "out" / f"img_{i}.png").size == (64, 64)
@@ -62,7 +62,7 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
     stderr = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("GRPO")]
     assert not stderr, stderr                                 # one progress bar, no upstream noise
     g = run(glm_grpo, "generate", "--model", str(out / "model"), "--adapters", str(out / "adapters"), "--prompt",
-            "a blue square on a white background", "--num-steps", "4", "--out", str(tmp_path / "tuned.png"))
+            "a blue square on a white background", "--num-inference-steps", "4", "--out", str(tmp_path / "tuned.png"))
     assert g.returncode == 0 and not g.stderr.strip(), g.stderr
     assert Image.open(tmp_path / "tuned.png").size == (64, 64)   # the tiny model's own size
     # before and after, on the same prompts and seeds, as papers report it; run again, it resumes and makes nothing

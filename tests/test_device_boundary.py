@@ -59,7 +59,7 @@ def test_the_check_finds_a_mix_and_allows_what_cuda_allows(policy):
 def test_a_training_run_keeps_to_the_boundary(policy, tmp_path):
     from glm_grpo_nb.rewards import RednessReward
     from glm_grpo_nb.trainer import GRPOTrainer
-    kw = dict(group_size=2, prompts_per_step=2, num_steps=3, sde_window=[0, 1], micro_batch_size=3, kl_coef=0.1)
+    kw = dict(group_size=2, prompts_per_step=2, num_inference_steps=3, sde_window=[0, 1], micro_batch_size=3, kl_coef=0.1)
     prompts = ["a red square", "a 'HI' sign on a wall"]
     source = tmp_path / "source.png"
     Image.new("RGB", (64, 64), "navy").save(source)

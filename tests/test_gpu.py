@@ -13,7 +13,7 @@ def test_step_on_cuda_is_on_policy(tiny_path, tmp_path):
     policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8, dit_lora=8, verbose=False)
     assert policy.device.type == "cuda" and policy.sampling_copy   # the defaults on CUDA
     trainer = GRPOTrainer(policy, RednessReward(), ["a red square", "a 'HI' sign"], group_size=4, prompts_per_step=2,
-                          num_steps=4, sde_window=[0, 1], micro_batch_size=3, output_dir=tmp_path / "run", save_every=1)
+                          num_inference_steps=4, sde_window=[0, 1], micro_batch_size=3, output_dir=tmp_path / "run", save_every=1)
     for _ in range(2):
         m = trainer.step().metrics
         assert not m["skipped"]
@@ -100,7 +100,7 @@ def test_nft_step_on_cuda(tiny_path, tmp_path):
     from glm_grpo_nb.trainer import GRPOTrainer
     policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8, dit_lora=8, verbose=False)
     trainer = GRPOTrainer(policy, RednessReward(), ["a red square", "a 'HI' sign"], group_size=4, prompts_per_step=2,
-                          num_steps=4, dit_objective="nft", nft_timesteps=2, nft_decay_rate=0.3, kl_coef=0.01,
+                          num_inference_steps=4, dit_objective="nft", nft_timesteps=2, nft_decay_rate=0.3, kl_coef=0.01,
                           micro_batch_size=3, output_dir=tmp_path / "run", save_every=1)
     assert all(w.device.type == "cuda" for w in trainer.objectives['dit'].old.weights)
     for _ in range(2):
@@ -121,7 +121,7 @@ def test_cfg_free_flow_grpo_on_cuda(tiny_path):
     from glm_grpo_nb.trainer import GRPOTrainer
     policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8, dit_lora=8, verbose=False)
     trainer = GRPOTrainer(policy, RednessReward(), ["a red square", "a 'HI' sign"], group_size=4, prompts_per_step=2,
-                          num_steps=4, sde_window=[0, 1], sde_type="cps", guidance_scale=1.0, kl_coef=0.1,
+                          num_inference_steps=4, sde_window=[0, 1], sde_type="cps", guidance_scale=1.0, kl_coef=0.1,
                           kl_type="velocity", train_ar=False)
     m = trainer.step().metrics
     assert abs(m["dit/ratio_min"] - 1) < 1e-3 and abs(m["dit/ratio_max"] - 1) < 1e-3 and m["dit/kl"] >= 0, m

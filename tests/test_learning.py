@@ -21,7 +21,7 @@ SETTINGS = {
 def run(tiny_path, which, seed):
     policy = GlmImagePolicy.from_pretrained(tiny_path, ar_lora=8, dit_lora=8, device="cpu", lora_seed=seed, verbose=False)
     trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=4, prompts_per_step=3, height=64, width=64,
-                          num_steps=6, sde_window=(0, 3), seed=seed, **SETTINGS[which])
+                          num_inference_steps=6, sde_window=(0, 3), seed=seed, **SETTINGS[which])
     return [h["reward_mean"] for h in trainer.fit(STEPS, progress=False)]
 
 

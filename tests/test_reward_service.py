@@ -79,7 +79,7 @@ def user_rewards(tmp_path):
 
 def trainer_with(tiny_path, reward_fn):
     policy = GlmImagePolicy.from_pretrained(tiny_path, ar_lora=4, dit_lora=4, device="cpu", lora_seed=0, verbose=False)
-    return GRPOTrainer(policy, reward_fn, PROMPTS, group_size=2, prompts_per_step=2, height=64, width=64, num_steps=4,
+    return GRPOTrainer(policy, reward_fn, PROMPTS, group_size=2, prompts_per_step=2, height=64, width=64, num_inference_steps=4,
                        sde_window=(0, 2), seed=0, lr=1e-3)
 
 
@@ -229,7 +229,7 @@ def test_train_keeps_its_steps_when_the_service_stays_away(glm_grpo, tiny_path, 
     with Server(glm_grpo, "user_rewards:DiesAfter3", cwd=user_rewards) as server:
         r = subprocess.run([glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(tmp_path / "prompts.txt"),
                             "--reward", server.url, "--reward-wait", "1", "--steps", "10", "--out", str(out),
-                            "--group-size", "2", "--prompts-per-step", "1", "--num-steps", "4", "--ar-lora", "4",
+                            "--group-size", "2", "--prompts-per-step", "1", "--num-inference-steps", "4", "--ar-lora", "4",
                             "--dit-lora", "4"], capture_output=True, text=True, env=clean_env(), timeout=600)
     assert r.returncode == 2, r.stderr[-3000:]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000003"]

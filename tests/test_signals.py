@@ -18,7 +18,7 @@ from glm_grpo_nb.rewards import RednessReward
 from glm_grpo_nb.trainer import GRPOTrainer, TrainingStopped
 
 PROMPTS = ["a blue square on a white background", "the word 'OK' in white on blue", "a cyan field"]
-SETTINGS = dict(group_size=2, prompts_per_step=2, height=64, width=64, num_steps=4, sde_window=(0, 2), seed=0, lr=3e-3)
+SETTINGS = dict(group_size=2, prompts_per_step=2, height=64, width=64, num_inference_steps=4, sde_window=(0, 2), seed=0, lr=3e-3)
 
 
 class SignalAt(RednessReward):
@@ -111,7 +111,7 @@ def test_glm_grpo_train_sigterm_then_resume(glm_grpo, tiny_path, tmp_path):
     (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS))
     out = tmp_path / "run"
     args = [glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(tmp_path / "prompts.txt"), "--reward", "redness",
-            "--out", str(out), "--group-size", "2", "--prompts-per-step", "1", "--num-steps", "4", "--sde-window", "0", "2",
+            "--out", str(out), "--group-size", "2", "--prompts-per-step", "1", "--num-inference-steps", "4", "--sde-window", "0", "2",
             "--ar-lora", "4", "--dit-lora", "4", "--save-every", "0"]
     proc = subprocess.Popen(args + ["--steps", "200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=clean_env())
