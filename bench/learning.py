@@ -1,12 +1,16 @@
-"""Benchmark: learning per wall-clock second for the DiT's objectives on the tiny GLM-Image (shipped weights).
+"""Benchmark: learning per second of the DiT's own work, for every DiT objective, on the tiny GLM-Image (shipped weights).
 
-For DiT-only and joint (AR + DiT) training, three ways of training the DiT are compared:
-  (a) Flow-GRPO with SDE steps and guidance 1.5 (the default setting until now),
-  (b) Flow-GRPO with coefficient-preserving (cps) steps and guidance 1.0 (CFG-free),
-  (c) DiffusionNFT with guidance 1.0 (CFG-free, ODE sampling).
-The reward is redness; the evaluation reward is redness on held-out prompts with fixed seeds (ODE sampling), logged
-against the training wall-clock (evaluation time excluded). Each method gets the same learning-rate search for the DiT
-(on seed 0; the rate with the best final evaluation reward is then run on the other seeds).
+Six ways of training the DiT, each with the defaults its authors use:
+  flow_grpo   Flow-GRPO, SDE steps in a fixed window (the first quarter), guidance 1.5 (the library's default);
+  mixgrpo     Flow-GRPO with MixGRPO's moving window (progressive, one step per training step);
+  grpo_guard  GRPO-Guard: Flow-GRPO with each step's log-ratio normalised and 1/|dt| weights;
+  nft         DiffusionNFT, ODE sampling with the old adapter, no guidance;
+  awm         Advantage Weighted Matching, ODE sampling, no guidance;
+  dgpo        Direct Group Preference Optimization, ODE sampling with guidance 1.5, a fast EMA reference.
+DiT-only (the AR frozen) and joint (AR + DiT). The reward is redness; the evaluation reward is redness on 12 held-out
+prompts x 2 seeds (24 images, ODE sampling, fixed seeds), logged against steps, training wall-clock and the DiT's own
+seconds (its sampling, decoding and update; the AR's sampling, the same for every method, left out). Each method's
+DiT learning rate is searched DiT-only on the first seed (best final evaluation reward) and used for every run.
 
 Run from the repository root: python -m bench.learning [--workers N --threads T --steps S --out DIR]
 Runs go to worker processes (spawned, `--threads` torch threads each); keep workers x threads <= CPU cores so timings
@@ -24,15 +28,21 @@ from pathlib import Path
 PROMPTS = ["a blue square on a white background", "a green circle on a gray background", "a gradient from navy to teal",
            "the word 'OK' in white on blue", "green on the left, black on the right", "a cyan field"]
 EVAL_PROMPTS = ["a purple triangle on black", "a yellow field", "a teal circle on a white background",
-                "a gray square on navy", "the word 'GO' in black on green", "blue on the left, white on the right"]
+                "a gray square on navy", "the word 'GO' in black on green", "blue on the left, white on the right",
+                "an orange circle on a blue background", "a white field", "the word 'NO' in yellow on black",
+                "a gradient from green to gray", "a black square on a yellow background", "navy on the left, cyan on the right"]
 EVAL_SEEDS = (101, 202)
 METHODS = {
-    "flow_grpo sde g1.5": dict(dit_objective="flow_grpo", sde_type="sde", guidance_scale=1.5),
-    "flow_grpo cps g1.0": dict(dit_objective="flow_grpo", sde_type="cps", guidance_scale=1.0),
-    "nft g1.0": dict(dit_objective="nft", guidance_scale=1.0),
+    "flow_grpo": dict(dit_objective="flow_grpo"),
+    "mixgrpo": dict(dit_objective="flow_grpo", sde_window_schedule="progressive"),
+    "grpo_guard": dict(dit_objective="grpo_guard"),
+    "nft": dict(dit_objective="nft"),
+    "awm": dict(dit_objective="awm"),
+    "dgpo": dict(dit_objective="dgpo"),
 }
 MODES = {"dit": dict(train_ar=False), "joint": dict(train_ar=True, ar_lr=3e-3)}
-LRS = (3e-3, 1e-2, 3e-2, 1e-1)   # the DiT's learning rates searched, the same for every method
+LRS = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1)   # the DiT's learning rates searched, the same for every method
+DIT_PHASES = ("sample_dit", "decode", "update_dit")   # the DiT's own work in a step
 
 
 def run(job):
@@ -49,25 +59,25 @@ def run(job):
                           num_inference_steps=8, seed=job["seed"], dit_lr=job["lr"], diversity_warning=0.0,
                           **MODES[job["mode"]], **METHODS[job["method"]])
     evaluate = lambda: sum(trainer.evaluate(EVAL_PROMPTS, seed=s)["eval/reward"] for s in EVAL_SEEDS) / len(EVAL_SEEDS)
-    seconds, curve, rows = 0.0, [(0, 0.0, evaluate())], []
+    seconds, dit_seconds, curve, rows = 0.0, 0.0, [(0, 0.0, 0.0, evaluate())], []
     for step in range(1, job["steps"] + 1):
         t = time.perf_counter()
         res = trainer.step()
         seconds += time.perf_counter() - t
-        rows.append({"reward": res.metrics["reward_mean"], "diversity": res.metrics["diversity"],
-                     **res.seconds})
-        if step % job["eval_every"] == 0 or step == job["steps"]: curve.append((step, seconds, evaluate()))
+        dit_seconds += sum(res.seconds.get(k, 0.0) for k in DIT_PHASES)
+        rows.append({"reward": res.metrics["reward_mean"], "diversity": res.metrics["diversity"], **res.seconds})
+        if step % job["eval_every"] == 0 or step == job["steps"]: curve.append((step, seconds, dit_seconds, evaluate()))
     return {**job, "curve": curve, "rows": rows, "skipped": trainer.skipped_total}
 
 
 def final(r, k=2):
     "Final evaluation reward: the mean of the last k evaluations."
-    return sum(e for _, _, e in r["curve"][-k:]) / k
+    return sum(c[-1] for c in r["curve"][-k:]) / k
 
 
-def time_to_reach(r, level):
-    "Training seconds at the first evaluation at or above `level` (None if never)."
-    return next((s for _, s, e in r["curve"] if e >= level), None)
+def gain_per_dit_second(r):
+    "Evaluation reward gained (final minus start) per second of the DiT's own work."
+    return (final(r) - r["curve"][0][-1]) / r["curve"][-1][2]
 
 
 def main():
@@ -83,7 +93,7 @@ def main():
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     if a.from_results:
         saved = json.loads((out / "results.json").read_text())
-        best = {tuple(k.split("/", 1)): v for k, v in saved["best_lr"].items()}
+        best = saved["best_lr"]
         a = argparse.Namespace(**{**saved["args"], "out": str(out)})
         table = report(saved["runs"], saved["search"], best, a)
         (out / "table.md").write_text(table); print(table)
@@ -93,14 +103,13 @@ def main():
     base = dict(tiny=tiny, threads=a.threads, steps=a.steps, eval_every=a.eval_every)
     start = time.perf_counter()
     with mp.get_context("spawn").Pool(a.workers) as pool:
-        search = pool.map(run, [dict(base, mode=m, method=k, lr=lr, seed=a.seeds[0]) for m in MODES for k in METHODS for lr in LRS])
-        best = {(m, k): max((r for r in search if (r["mode"], r["method"]) == (m, k)), key=final)["lr"]
-                for m in MODES for k in METHODS}
-        rest = pool.map(run, [dict(base, mode=m, method=k, lr=best[m, k], seed=s) for m in MODES for k in METHODS
-                              for s in a.seeds[1:]])
-    runs = [r for r in search if r["lr"] == best[r["mode"], r["method"]]] + rest
-    (out / "results.json").write_text(json.dumps({"search": search, "runs": runs, "best_lr": {f"{m}/{k}": v for (m, k), v in best.items()},
-                                                 "args": vars(a), "cpu_count": os.cpu_count()}, indent=1))
+        search = pool.map(run, [dict(base, mode="dit", method=k, lr=lr, seed=a.seeds[0]) for k in METHODS for lr in LRS])
+        best = {k: max((r for r in search if r["method"] == k), key=final)["lr"] for k in METHODS}
+        rest = pool.map(run, [dict(base, mode=m, method=k, lr=best[k], seed=s) for m in MODES for k in METHODS
+                              for s in a.seeds if (m, s) != ("dit", a.seeds[0])])
+    runs = [r for r in search if r["lr"] == best[r["method"]]] + rest
+    (out / "results.json").write_text(json.dumps({"search": search, "runs": runs, "best_lr": best, "args": vars(a),
+                                                 "cpu_count": os.cpu_count()}, indent=1))
     table = report(runs, search, best, a)
     (out / "table.md").write_text(table)
     print(table)
@@ -109,44 +118,48 @@ def main():
 
 
 def report(runs, search, best, a):
-    "A markdown table: per mode and method, the searched rates, the chosen one, and per seed the final evaluation reward,"
-    " seconds per step, and the time NFT and cps need to reach (a)'s final evaluation reward."
+    "A markdown table: per method the searched rates and the chosen one; per mode, method and seed the evaluation reward at"
+    " the start and the end, the gain per DiT-second, seconds per step (the DiT's part) and the last step's diversity."
     lines = [f"Tiny GLM-Image, redness, {a.steps} steps of 3 prompts x 4 samples, 64x64, 8 denoising steps; DiT learning "
-             f"rates searched {', '.join(f'{lr:g}' for lr in LRS)} on seed {a.seeds[0]}; evaluation: {len(EVAL_PROMPTS)} held-out "
-             f"prompts x {len(EVAL_SEEDS)} seeds, ODE.", "",
-             "| mode | method | DiT lr (search: final eval per lr) | seed | eval start | eval final | s/step (DiT part) | "
-             "final diversity | time to (a)'s final | fraction of (a)'s time |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"rates searched {', '.join(f'{lr:g}' for lr in LRS)} DiT-only on seed {a.seeds[0]}; evaluation: "
+             f"{len(EVAL_PROMPTS)} held-out prompts x {len(EVAL_SEEDS)} seeds, ODE.", "",
+             "| mode | method | DiT lr (search: final eval per lr) | seed | eval start | eval final | gain per DiT-second | "
+             "s/step (DiT part) | diversity first -> last step |", "|---|---|---|---|---|---|---|---|---|"]
     for m in MODES:
         for k in METHODS:
-            found = ", ".join(f"{r['lr']:g}: {final(r):+.3f}" for r in search if (r["mode"], r["method"]) == (m, k))
+            found = ", ".join(f"{r['lr']:g}: {final(r):+.3f}" for r in search if r["method"] == k)
             for r in sorted((r for r in runs if (r["mode"], r["method"]) == (m, k)), key=lambda r: r["seed"]):
-                ref = next(x for x in runs if (x["mode"], x["method"], x["seed"]) == (m, "flow_grpo sde g1.5", r["seed"]))
-                total = ref["curve"][-1][1]
-                improved = final(ref) > ref["curve"][0][2]   # otherwise "reaching" it says nothing
-                t = time_to_reach(r, final(ref)) if improved else None
                 steps = len(r["rows"])
-                tail = ((f"{'never' if t is None else f'{t:.0f} s'} | {'-' if t is None else f'{t / total:.2f}'} |")
-                        if improved else "(a) did not improve | - |")
-                dit = sum(row.get("sample_dit", 0) + row.get("decode", 0) + row.get("update_dit", 0) for row in r["rows"]) / steps
-                lines.append(f"| {m} | {k} | {best[m, k]:g} ({found}) | {r['seed']} | {r['curve'][0][2]:+.3f} | {final(r):+.3f} | "
-                             f"{r['curve'][-1][1] / steps:.2f} ({dit:.2f}) | {r['rows'][-1]['diversity']:.3f} | " + tail)
+                lines.append(f"| {m} | {k} | {best[k]:g} ({found}) | {r['seed']} | {r['curve'][0][-1]:+.3f} | {final(r):+.3f} | "
+                             f"{gain_per_dit_second(r):+.4f} | {r['curve'][-1][1] / steps:.2f} ({r['curve'][-1][2] / steps:.2f}) | "
+                             f"{r['rows'][0]['diversity']:.3f} -> {r['rows'][-1]['diversity']:.3f} |")
+    lines += ["", "Fastest per DiT-second, per mode and seed: " + "; ".join(
+        f"{m} seed {s}: {max((r for r in runs if (r['mode'], r['seed']) == (m, s)), key=gain_per_dit_second)['method']}"
+        for m in MODES for s in sorted({r['seed'] for r in runs}))]
     return "\n".join(lines) + "\n"
 
 
 def figure(runs, path):
+    "Per mode: evaluation reward against the DiT's seconds and against steps, and the groups' diversity against steps."
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(MODES), figsize=(6 * len(MODES), 3.6), squeeze=False)
-    for ax, m in zip(axes[0], MODES):
+    fig, axes = plt.subplots(len(MODES), 3, figsize=(16, 3.4 * len(MODES)), squeeze=False)
+    for row, m in zip(axes, MODES):
         for i, k in enumerate(METHODS):
             for j, r in enumerate(sorted((r for r in runs if (r["mode"], r["method"]) == (m, k)), key=lambda r: r["seed"])):
-                ax.plot([s for _, s, _ in r["curve"]], [e for _, _, e in r["curve"]], color=f"C{i}", alpha=0.85, marker=".",
-                        label=f"{k} (lr {r['lr']:g})" if j == 0 else None)
-        ax.set_title(f"{'DiT only' if m == 'dit' else 'joint AR + DiT'}: evaluation reward, {len({r['seed'] for r in runs})} seeds", fontsize=10)
-        ax.set_xlabel("training wall-clock (s)"); ax.set_ylabel("held-out redness (ODE)")
-        ax.legend(fontsize=8)
-    fig.tight_layout(); fig.savefig(path, dpi=110); plt.close(fig)
+                kw = dict(color=f"C{i}", alpha=0.8, label=f"{k} (lr {r['lr']:g})" if j == 0 else None)
+                row[0].plot([c[2] for c in r["curve"]], [c[-1] for c in r["curve"]], marker=".", **kw)
+                row[1].plot([c[0] for c in r["curve"]], [c[-1] for c in r["curve"]], marker=".", **kw)
+                row[2].plot(range(1, len(r["rows"]) + 1), [x["diversity"] for x in r["rows"]], **kw)
+        name = "DiT only" if m == "dit" else "joint AR + DiT"
+        row[0].set(xlabel="the DiT's own seconds (sampling, decoding, update)", ylabel="held-out redness (ODE)",
+                   title=f"{name}: evaluation reward, {len({r['seed'] for r in runs})} seeds")
+        row[1].set(xlabel="training step", ylabel="held-out redness (ODE)", title=f"{name}: evaluation reward by step")
+        row[2].set(xlabel="training step", ylabel="within-group diversity", title=f"{name}: diversity of the groups")
+        for ax in row: ax.title.set_fontsize(10)
+        row[0].legend(fontsize=7)
+    fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
 
 
 if __name__ == "__main__":

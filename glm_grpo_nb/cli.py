@@ -137,7 +137,7 @@ def demo(
     lr: float = 3e-3,         # learning rate of both adapters (the tiny model needs large steps)
     seed: int = 0,            # everything random derives from it
     eval_reward: str = None,  # a held-out reward the evaluations also score (NAME[=W],... or module:object), e.g. ocr
-    dit_objective: str = "flow_grpo",  # the DiT's objective: flow_grpo or nft (DiffusionNFT, CFG-free)
+    dit_objective: str = "flow_grpo",  # the DiT's objective: one of glm-grpo train's --dit-objective
 ):
     "Train the tiny GLM-Image towards red images with joint AR + DiT GRPO on CPU; write adapters, metrics and report.png."
     from glm_grpo_nb.policy import GlmImagePolicy
@@ -358,7 +358,7 @@ def plan(
     num_inference_steps: int = 10,  # denoising steps
     sde_window: list[int] = None,  # the stochastic (trained) steps, e.g. 0 1 (default: the first quarter)
     guidance_scale: float = 1.5,  # DiT guidance (<= 1: one branch)
-    dit_objective: str = "flow_grpo",  # the DiT's objective: flow_grpo or nft (DiffusionNFT)
+    dit_objective: str = "flow_grpo",  # the DiT's objective (as glm-grpo train's --dit-objective)
     decode_batch: int = 2,     # images the VAE decodes at once
     sampling_copy: bool = True,  # a copy of the AR's language model samples the tokens (fast; about 18 GB under 4-bit)
     reward_model_params: int = 0,  # parameters of reward models on the GPU

@@ -43,7 +43,7 @@ def deprecated(where: str, old: str, new: str, stacklevel: int = 4):
                   stacklevel=stacklevel)
 
 # the DiT's objectives by name (glm_grpo_nb.objectives.OBJECTIVES; named here so that the CLI's choices need no torch)
-DIT_OBJECTIVES = ("flow_grpo", "nft")
+DIT_OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")
 
 def _objective(name_or_objective):
     "The objective's class: its default settings and checks (imported here: objectives need torch, the CLI does not)."
@@ -68,13 +68,22 @@ class GRPOConfig:
     cps_logprob: str = setting("density", "cps step log-prob: density (exact Gaussian, PPO clip ranges apply) or "
                                "squared (Flow-GRPO's CPS form; log-ratios 2 tau^2 times the density's)",
                                ("density", "squared"))
-    sde_window: list[int] | None = setting(None, "stochastic (trained) denoising steps of flow_grpo (default: the first quarter)")
+    sde_window: list[int] | None = setting(None, "stochastic (trained) denoising steps of flow_grpo (default: the first quarter); "
+                                           "a moving window keeps its size")
+    sde_window_schedule: str = setting("fixed", "where the stochastic window sits at each training step: fixed (sde_window), "
+                                       "progressive (MixGRPO: from the first step on, moving by sde_window_stride every "
+                                       "sde_window_every steps, back to the start past the end) or random (a start drawn "
+                                       "from seed and step)", ("fixed", "progressive", "random"))
+    sde_window_every: int = setting(1, "training steps between moves of a progressive or random window")
+    sde_window_stride: int = setting(1, "denoising steps a progressive window moves by (1: windows overlap)")
     guidance_scale: float | None = setting(None, "DiT classifier-free guidance (<= 1: the conditional branch only; "
                                            "default 1.5 with flow_grpo, 1.0 with nft)")
     # what trains, and how
     train_ar: bool = setting(True, "update the AR adapters")
     train_dit: bool = setting(True, "update the DiT adapters")
-    dit_objective: str = setting("flow_grpo", "the DiT's objective: flow_grpo (SDE steps' log-probs, PPO clip) or nft "
+    dit_objective: str = setting("flow_grpo", "the DiT's objective: flow_grpo (SDE steps' log-probs, PPO clip), grpo_guard "
+                                 "(flow_grpo with each step's log-ratio normalised and 1/|dt| weights), awm (advantage "
+                                 "weighted matching), dgpo (direct group preference optimisation) or nft "
                                  "(DiffusionNFT: the forward process of the clean samples; ODE sampling); in Python "
                                  "also an Objective object (glm_grpo_nb.objectives)", DIT_OBJECTIVES)
     mode: str = setting("joint", "joint: one group for both halves; decoupled: a group per half",
@@ -94,6 +103,21 @@ class GRPOConfig:
     nft_decay_rate: float = setting(0.001, "old policy: old <- d old + (1 - d) new after each step, d rising by this per step")
     nft_decay_max: float = setting(0.5, "old policy: the largest decay d")
     nft_decay_warmup: int = setting(0, "old policy: steps with d = 0 (the old policy is the last one) before d rises")
+    awm_timesteps: int | None = setting(None, "AWM: noise levels trained per sample and step, stratified over the "
+                                        "schedule's indices 1..0.9 num_inference_steps (default: 6, or all when fewer)")
+    awm_weighting: str = setting("uniform", "AWM: log p = -w(matching error): uniform, sigma (times the noise level) "
+                                 "or ghuber (generalised Huber, p = 1/4)", ("uniform", "sigma", "ghuber"))
+    awm_ema_coef: float = setting(0.0, "AWM: weight of the velocity penalty towards an EMA of the DiT adapter (0: none)")
+    dgpo_timesteps: int | None = setting(None, "DGPO: noise levels per step, shared by all its samples (default: 6, "
+                                         "or all of 1..0.9 num_inference_steps when fewer)")
+    dgpo_beta: float = setting(100.0, "DGPO: beta of the group score S_g")
+    dgpo_clip_range: float = setting(0.02, "DGPO: trust region c of the matching error's ratio")
+    dgpo_reference: str = setting("ema", "DGPO: the reference of the group score: ema (a fast EMA of the DiT adapter) "
+                                  "or base (adapters off)", ("ema", "base"))
+    matching_adv_clip: float = setting(5.0, "AWM and DGPO: advantages clipped to +-this (AWM also divides by it)")
+    ema_decay_rate: float = setting(0.001, "AWM and DGPO's EMA adapter: ema <- d ema + (1 - d) new after each step, "
+                                    "d rising by this per step")
+    ema_decay_max: float = setting(0.3, "AWM and DGPO's EMA adapter: the largest decay d")
     num_inner_epochs: int = setting(1, "optimiser steps per sampled batch")
     micro_batch_size: int | None = setting(None, "samples per forward/backward in the update (default: all at once)")
     decode_batch: int = setting(2, "images the VAE decodes at once (at 1024x1024 each costs about 3 GB)")
@@ -127,13 +151,16 @@ class GRPOConfig:
                           ("num_inner_epochs", 1), ("micro_batch_size", 1), ("decode_batch", 1),
                           ("ar_sample_batch", 1), ("dit_sample_batch", 1), ("eval_every", 0), ("save_every", 0),
                           ("keep_checkpoints", 1), ("seed", 0), ("max_consecutive_skips", 0), ("keep_results", 1),
-                          ("nft_timesteps", 1), ("nft_decay_warmup", 0)):
+                          ("nft_timesteps", 1), ("nft_decay_warmup", 0), ("sde_window_every", 1),
+                          ("sde_window_stride", 1), ("awm_timesteps", 1), ("dgpo_timesteps", 1)):
             self._integer(name, low)
         for name, low, strict in (("temperature", 0, True), ("noise_level", 0, False), ("guidance_scale", 0, False),
                                   ("lr", 0, True), ("ar_lr", 0, False), ("dit_lr", 0, False), ("clip_range", 0, True),
                                   ("clip_range_high", 0, True), ("kl_coef", 0, False), ("max_grad_norm", 0, True),
                                   ("weight_decay", 0, False), ("nft_beta", 0, True), ("nft_adv_clip", 0, True),
-                                  ("nft_decay_rate", 0, False), ("nft_decay_max", 0, False), ("diversity_warning", 0, False)):
+                                  ("nft_decay_rate", 0, False), ("nft_decay_max", 0, False), ("diversity_warning", 0, False),
+                                  ("awm_ema_coef", 0, False), ("dgpo_beta", 0, True), ("dgpo_clip_range", 0, True),
+                                  ("matching_adv_clip", 0, True), ("ema_decay_rate", 0, False), ("ema_decay_max", 0, False)):
             self._number(name, low, strict)
         if not (self._finite(self.top_p) and 0 < self.top_p <= 1): raise self._bad("top_p", "in (0, 1]")
         for name in ("train_ar", "train_dit"):
@@ -144,6 +171,7 @@ class GRPOConfig:
             raise ValueError("GRPOConfig: cps_logprob='squared' is Flow-GRPO's form of the cps step; pass "
                              "sde_type='cps' with it, or keep cps_logprob='density'.")
         if self.nft_decay_max >= 1: raise self._bad("nft_decay_max", "below 1 (at 1 the old policy would never move)")
+        if self.ema_decay_max >= 1: raise self._bad("ema_decay_max", "below 1 (at 1 the EMA would never move)")
         if self.diversity_warning >= 1: raise self._bad("diversity_warning", "a fraction below 1")
         objective.check(self)   # what the objective cannot train with
         if self.height is not None or self.width is not None:

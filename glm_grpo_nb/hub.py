@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import socket
@@ -21,10 +22,11 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'AR_LORA_MODULES', 'AR_LORA_TARGETS', 'DIT_LORA_TARGETS',
-           'DIT_LORA_TARGETS_FF', 'MARKER', 'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model', 'check_image_size',
-           'token_grid', 'lora_targeted', 'sde_steps', 'folder_info', 'folder_kind', 'model_size', 'check_folder',
-           'mark_folder', 'atomic_folder', 'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests',
-           'check_digests', 'RunLock', 'hush_harmless_notices', 'quiet_io']
+           'DIT_LORA_TARGETS_FF', 'WINDOW_SCHEDULES', 'MARKER', 'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model',
+           'check_image_size', 'token_grid', 'lora_targeted', 'sde_steps', 'sde_window_at', 'folder_info',
+           'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder', 'remove_leftovers',
+           'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock', 'hush_harmless_notices',
+           'quiet_io']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -119,6 +121,22 @@ def sde_steps(sde_window, num_steps: int) -> list[int]:
     if not steps or min(steps) < 0 or max(steps) >= num_steps:
         raise ValueError(f"sde_window {sde_window!r} is empty or outside the schedule's steps 0..{num_steps - 1}.")
     return steps
+
+# %% ../nbs/00a_hub.ipynb #bda128cf
+WINDOW_SCHEDULES = ("fixed", "progressive", "random")
+
+def sde_window_at(sde_window, num_steps: int, step: int, schedule: str = "fixed", every: int = 1, stride: int = 1,
+                  seed: int = 0) -> list[int]:
+    "The stochastic steps of training step `step`: `sde_window` (fixed), or a window of its size moved along the schedule."
+    steps = sde_steps(sde_window, num_steps)
+    if schedule == "fixed": return steps
+    if schedule not in WINDOW_SCHEDULES:
+        raise ValueError(f"sde_window_at: schedule must be one of {', '.join(WINDOW_SCHEDULES)}, got {schedule!r}.")
+    size, move = len(steps), step // every
+    last = num_steps - size   # the last start at which the whole window fits
+    if schedule == "progressive": start = move % (last // stride + 1) * stride
+    else: start = random.Random(seed * 1_000_003 + move).randrange(last + 1)
+    return list(range(start, start + size))
 
 # %% ../nbs/00a_hub.ipynb #38ecb6e9
 MARKER = ".glm_grpo_nb.json"  # in every folder written here: what it holds

@@ -92,6 +92,7 @@ def clipped_surrogate(
     clip_range: float = 0.2,         # epsilon: the ratio is clipped to [1 - eps, 1 + eps_high]
     clip_range_high: float | None = None,  # eps_high (DAPO clip-higher); None means `clip_range`
     aggregation: str = "token_mean",  # "token_mean" or "sequence_mean", see `aggregate`
+    weights: torch.Tensor | None = None,  # [N, T] or [T]: each entry's weight in the loss (GRPO-Guard's 1/|dt|)
 ) -> tuple[torch.Tensor, dict]:       # scalar loss to minimise, metrics
     "PPO/GRPO clipped policy loss for tokens `[N, T]` or denoising steps `[N, S]`."
     if logprobs.shape != old_logprobs.shape or logprobs.ndim != 2:
@@ -109,6 +110,7 @@ def clipped_surrogate(
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + hi) * advantages
     per_entry = -torch.minimum(unclipped, clipped)
+    if weights is not None: per_entry = per_entry * torch.as_tensor(weights, dtype=per_entry.dtype, device=per_entry.device)
     loss = aggregate(per_entry, mask, aggregation)
     with torch.no_grad():
         is_clipped = ((ratio < 1.0 - clip_range) & (advantages < 0)) | ((ratio > 1.0 + hi) & (advantages > 0))

@@ -12,11 +12,14 @@ from pathlib import Path
 import torch
 
 from .loss import aggregate, clipped_surrogate, gaussian_kl, kl_k3
+from .matching import (awm_logprob, awm_points, clipped_advantages, dgpo_group_weights, dgpo_loss, dgpo_points,
+                                  matching_error, timestep_range)
 from .nft import OldAdapter, nft_decay, nft_loss, nft_optimality, nft_points
-from .policy import to_host
+from .policy import mix_seed, to_host
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'Objective', 'TokenGRPO', 'FlowGRPO', 'DiffusionNFT', 'objective_class', 'make_objective']
+__all__ = ['OBJECTIVES', 'Objective', 'point_values', 'TokenGRPO', 'FlowGRPO', 'GRPOGuard', 'DiffusionNFT', 'MatchingObjective',
+           'AWM', 'DGPO', 'objective_class', 'make_objective']
 
 # %% ../nbs/05c_objectives.ipynb #f640a30a
 class Objective:
@@ -62,6 +65,9 @@ class Objective:
         "Once per step, without gradients: per-sample tensors (indexed like the samples) and metrics."
         return {}, {}
 
+    def begin_epoch(self, data, advantages: torch.Tensor, prepared: dict, epoch: int) -> None:
+        "Before each inner epoch's micro-batches, without gradients: what needs the whole batch at the current weights."
+
     def num_parts(self, prepared: dict) -> int:
         "Backward passes per micro-batch (each part's loss is backpropagated before the next is computed)."
         return 1
@@ -94,6 +100,17 @@ class Objective:
         return {}, {"activations (one noise level, no guidance)": sizes["forward"] + sizes["recompute"]}
 
     def __repr__(self): return f"{type(self).__name__}({self.name!r})"
+
+def point_values(objective: Objective, traj, points, error: bool = False) -> torch.Tensor:
+    "The DiT's velocity [N, K, C, h, w] (or its matching error [N, K], float64) at every noised point, without gradients."
+    N, K = points.sigma_index.shape
+    out = torch.empty(N, K, dtype=torch.float64) if error else torch.empty_like(points.noise)
+    for rows in objective.micro_batches(N):
+        sub = traj.select(rows)
+        for k in range(K):
+            v, u = objective.policy.noised_velocity(sub, points.sigma_index[rows, k], points.noise[rows, k])
+            out[rows, k] = to_host(matching_error(v, u) if error else v)
+    return out
 
 # %% ../nbs/05c_objectives.ipynb #15c8e7c8
 class TokenGRPO(Objective):
@@ -145,19 +162,27 @@ class FlowGRPO(Objective):
             ref = to_host(self.policy.latent_logprobs(traj, micro_batch_size=c.micro_batch_size, **{key: True})[1])
         return {"reference": ref}, {}
 
+    needs_means = False   # whether the surrogate needs the steps' means (GRPO-Guard's does)
+
+    def surrogate_terms(self, traj, logprobs, means, prepared):
+        "What the clipped surrogate compares: (log-probs, old log-probs, per-step weights or None), [n, S] each."
+        return logprobs, self.policy.on_device(traj.logprobs), None
+
     def loss(self, traj, advantages, prepared, part):
         c, dev, kl_on = self.config, self.policy.on_device, "reference" in prepared
         velocity_kl = c.kl_type == "velocity"
-        out = self.policy.latent_logprobs(traj, return_means=kl_on and not velocity_kl,
-                                          return_velocities=kl_on and velocity_kl)
-        lp, extra = out if kl_on else (out, None)
+        want_means, want_velocities = self.needs_means or (kl_on and not velocity_kl), kl_on and velocity_kl
+        out = self.policy.latent_logprobs(traj, return_means=want_means, return_velocities=want_velocities)
+        lp, *extra = out if isinstance(out, tuple) else (out,)
+        means = extra.pop(0) if want_means else None
         mask = dev(traj.stochastic[None].expand(lp.shape[0], -1))
-        loss, m = clipped_surrogate(lp, dev(traj.logprobs), dev(advantages), mask=mask, clip_range=c.clip_range,
-                                    clip_range_high=c.clip_range_high, aggregation=c.aggregation)
+        new, old, weights = self.surrogate_terms(traj, lp, means, prepared)
+        loss, m = clipped_surrogate(new, old, dev(advantages), mask=mask, clip_range=c.clip_range,
+                                    clip_range_high=c.clip_range_high, aggregation=c.aggregation, weights=weights)
         if kl_on:
             ref = dev(prepared["reference"])
-            kl = (((extra - ref) ** 2).mean() if velocity_kl
-                  else gaussian_kl(extra, ref, dev(traj.step_std[traj.stochastic])).mean())
+            kl = (((extra[0] - ref) ** 2).mean() if velocity_kl
+                  else gaussian_kl(means, ref, dev(traj.step_std[traj.stochastic])).mean())
             loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
         return loss, m
 
@@ -166,6 +191,41 @@ class FlowGRPO(Objective):
         # the window's steps, each guidance branch, are held until one backward
         held = sizes["window_steps"] * sizes["guidance_branches"] * sizes["forward"]
         return {}, {"activations (window steps x guidance branches)": held + sizes["recompute"]}
+
+# %% ../nbs/05c_objectives.ipynb #504a46df
+class GRPOGuard(FlowGRPO):
+    "GRPO-Guard: Flow-GRPO with every step's log-ratio on one scale (mean zero, equal spread) and 1/|dt| weights."
+    name = "grpo_guard"
+    needs_means = True
+
+    @classmethod
+    def check(cls, config):
+        super().check(config)
+        if config.cps_logprob != "density":
+            raise ValueError("GRPOConfig: dit_objective='grpo_guard' normalises the log-ratio of the step's Gaussian "
+                             "density; pass cps_logprob='density' (the default).")
+
+    def prepare(self, traj):
+        prepared, metrics = super().prepare(traj)
+        with torch.no_grad():   # the sampling adapters' step means and log-probs, before any update of this step
+            lp, means = self.policy.latent_logprobs(traj, micro_batch_size=self.config.micro_batch_size, return_means=True)
+        prepared.update(old_logprobs=to_host(lp), old_means=to_host(means))
+        return prepared, metrics
+
+    def surrogate_terms(self, traj, logprobs, means, prepared):
+        dev, window = self.policy.on_device, traj.window   # `means` holds the window's steps, in order
+        s = dev(traj.step_std[window])                      # [k] the steps' noise std
+        shift = ((means - dev(prepared["old_means"])) ** 2).mean(dim=(2, 3, 4)) / (2 * s)
+        log_ratio = torch.zeros_like(logprobs)
+        log_ratio[:, window] = s * (logprobs[:, window] - dev(prepared["old_logprobs"])[:, window]) + shift
+        dt = (traj.sigmas[1:] - traj.sigmas[:-1]).abs()
+        weights = torch.where(traj.stochastic, 1 / dt.clamp_min(1e-12), torch.zeros_like(dt))
+        return log_ratio, torch.zeros_like(log_ratio), dev(weights)
+
+    @classmethod
+    def plan_memory(cls, sizes):
+        resident, update = super().plan_memory(sizes)
+        return resident, {**update, "old step means (fp32)": sizes["window_steps"] * sizes["latents"]}
 
 # %% ../nbs/05c_objectives.ipynb #1a4d60f8
 class DiffusionNFT(Objective):
@@ -178,6 +238,9 @@ class DiffusionNFT(Objective):
         if config.kl_type != "velocity":
             raise ValueError("GRPOConfig: dit_objective='nft' has no SDE steps whose means a KL could compare; its KL is "
                              "on the velocity: pass kl_type='velocity' (or leave it unset).")
+        if config.sde_window_schedule != "fixed":
+            raise ValueError("GRPOConfig: sde_window_schedule moves the stochastic steps of flow_grpo and grpo_guard; "
+                             "dit_objective='nft' samples with the ODE and has none: leave it 'fixed'.")
         if config.nft_timesteps is not None and config.nft_timesteps > config.num_inference_steps:
             raise ValueError(f"GRPOConfig: nft_timesteps={config.nft_timesteps} is more than the schedule's num_inference_steps="
                              f"{config.num_inference_steps} noise levels; pass at most {config.num_inference_steps}.")
@@ -194,17 +257,10 @@ class DiffusionNFT(Objective):
     def prepare(self, traj):
         c, N = self.config, traj.num_samples
         pts = nft_points(traj, c.nft_timesteps, self.seeds(N, salt=3))
-        def velocities():
-            out = torch.empty_like(pts.noise)
-            for rows in self.micro_batches(N):
-                sub = traj.select(rows)
-                for k in range(pts.num_timesteps):
-                    out[rows, k] = to_host(self.policy.noised_velocity(sub, pts.sigma_index[rows, k], pts.noise[rows, k])[0])
-            return out
         with torch.no_grad():
-            with self.old.swapped(): pts.old_velocity = velocities()
+            with self.old.swapped(): pts.old_velocity = point_values(self, traj, pts)
             if c.kl_coef > 0:
-                with self.policy.reference(): pts.ref_velocity = velocities()
+                with self.policy.reference(): pts.ref_velocity = point_values(self, traj, pts)
         return {"points": pts}, {}
 
     def num_parts(self, prepared): return prepared["points"].num_timesteps
@@ -250,8 +306,154 @@ class DiffusionNFT(Objective):
         return resident, {"activations (one noise level, no guidance)": sizes["forward"] + sizes["recompute"],
                           "old velocities (fp32)": sizes["num_inference_steps"] * sizes["latents"]}
 
+# %% ../nbs/05c_objectives.ipynb #a5333698
+class MatchingObjective(Objective):
+    "What AWM and DGPO share: ODE sampling, noised points of the clean samples, one noise level per part, an EMA adapter."
+    defaults = {"guidance_scale": 1.0, "kl_type": "velocity"}
+    timesteps_setting = ""   # the GRPOConfig setting of the noise levels trained per step
+
+    @classmethod
+    def num_timesteps(cls, config) -> int:
+        "Noise levels per step: the setting, else six or as many as the schedule allows."
+        given = getattr(config, cls.timesteps_setting)
+        return min(6, len(timestep_range(config.num_inference_steps))) if given is None else given
+
+    @classmethod
+    def check(cls, config):
+        if config.kl_type != "velocity":
+            raise ValueError(f"GRPOConfig: dit_objective={cls.name!r} has no SDE steps whose means a KL could compare; "
+                             "its KL is on the velocity: pass kl_type='velocity' (or leave it unset).")
+        if config.sde_window_schedule != "fixed":
+            raise ValueError(f"GRPOConfig: sde_window_schedule moves the stochastic steps of flow_grpo and grpo_guard; "
+                             f"dit_objective={cls.name!r} samples with the ODE and has none: leave it 'fixed'.")
+        allowed, k = timestep_range(config.num_inference_steps), cls.num_timesteps(config)
+        if k > len(allowed):
+            raise ValueError(f"GRPOConfig: {cls.timesteps_setting}={k}, but {cls.name} trains at the schedule's indices "
+                             f"{allowed[0]}..{allowed[-1]} ({len(allowed)} of them with num_inference_steps="
+                             f"{config.num_inference_steps}); pass at most {len(allowed)}, or more denoising steps.")
+
+    def wants_ema(self, config) -> bool: return False
+
+    def setup(self, trainer, named_params, trains):
+        super().setup(trainer, named_params, trains)
+        self.ema = OldAdapter(named_params) if trains and self.wants_ema(trainer.config) else None
+
+    def sampling(self): return {"noise_level": 0.0}
+
+    def num_parts(self, prepared): return prepared["points"].num_timesteps
+
+    def velocity_penalties(self, v, prepared, part, loss, m):
+        "Add kl_coef * |v - v_ref|^2 (and AWM's EMA penalty) to `loss`."
+        c, dev, pts = self.config, self.policy.on_device, prepared["points"]
+        if pts.ref_velocity is not None:
+            kl = ((v - dev(pts.ref_velocity[:, part])) ** 2).mean()
+            loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
+        return loss, m
+
+    def after_step(self, step):
+        if self.ema is None: return {}
+        decay = nft_decay(step, self.config.ema_decay_rate, self.config.ema_decay_max)
+        self.ema.update(decay)
+        return {"ema_decay": decay}
+
+    def snapshot(self): return None if self.ema is None else [w.clone() for w in self.ema.weights]
+
+    def restore(self, snapshot):
+        if snapshot is None: return
+        with torch.no_grad():
+            for w, o in zip(self.ema.weights, snapshot): w.copy_(o)
+
+    def checkpoint_tensors(self): return {} if self.ema is None else {"ema_dit": self.ema.state_dict()}
+
+    def load_checkpoint(self, read, checkpoint):
+        if self.ema is None: return
+        saved = read("ema_dit")
+        if saved is None: self.ema.update(0.0)   # a checkpoint of a run without one: start from the adapters
+        else: self.ema.load_state_dict(saved, f"resume: {Path(checkpoint) / 'ema_dit.safetensors'}")
+
+    @classmethod
+    def plan_memory(cls, sizes):
+        return ({"EMA DiT LoRA + its snapshot": sizes["dit_lora_params"] * 8},
+                {"activations (one noise level, no guidance)": sizes["forward"] + sizes["recompute"],
+                 "reference velocities (fp32, with kl_coef or AWM's EMA penalty)": sizes["num_inference_steps"] * sizes["latents"]})
+
+class AWM(MatchingObjective):
+    "Advantage Weighted Matching: PPO's clipped surrogate on log p = -w(flow-matching error), against the step's start."
+    name = "awm"
+    timesteps_setting = "awm_timesteps"
+
+    def wants_ema(self, config): return config.awm_ema_coef > 0
+
+    def prepare(self, traj):
+        c, N = self.config, traj.num_samples
+        pts = awm_points(traj, self.num_timesteps(c), self.seeds(N, salt=5))
+        out = {"points": pts}
+        with torch.no_grad():   # under the adapters that sampled, for every sample before the first update
+            out["old_logprob"] = awm_logprob(point_values(self, traj, pts, error=True), traj.sigmas[pts.sigma_index],
+                                             c.awm_weighting)
+            if c.kl_coef > 0:
+                with self.policy.reference(): pts.ref_velocity = point_values(self, traj, pts)
+            if self.ema is not None:
+                with self.ema.swapped(): out["ema_velocity"] = point_values(self, traj, pts)
+        return out, {}
+
+    def loss(self, traj, advantages, prepared, part):
+        c, dev, pts = self.config, self.policy.on_device, prepared["points"]
+        idx = pts.sigma_index[:, part]
+        v, u = self.policy.noised_velocity(traj, idx, pts.noise[:, part])
+        error = matching_error(v, u)
+        logprob = awm_logprob(error, dev(traj.sigmas[idx]), c.awm_weighting)
+        loss, m = clipped_surrogate(logprob[:, None], dev(prepared["old_logprob"][:, part:part + 1]),
+                                    dev(clipped_advantages(advantages, c.matching_adv_clip, scale=True)),
+                                    clip_range=c.clip_range, clip_range_high=c.clip_range_high)
+        loss, m["matching_error"] = loss.float(), error.mean().item()
+        if "ema_velocity" in prepared:
+            drift = ((v - dev(prepared["ema_velocity"][:, part])) ** 2).mean()
+            loss, m["ema_deviate"] = loss + c.awm_ema_coef * drift, drift.item()
+        return self.velocity_penalties(v, prepared, part, loss, m)
+
+class DGPO(MatchingObjective):
+    "Direct Group Preference Optimization: each sample's matching error weighted by its advantage and its group's score."
+    name = "dgpo"
+    timesteps_setting = "dgpo_timesteps"
+    defaults = {"guidance_scale": 1.5, "kl_type": "velocity"}   # the authors sample with guidance, train without
+
+    def wants_ema(self, config): return config.dgpo_reference == "ema"
+
+    def prepare(self, traj):
+        c, N, G = self.config, traj.num_samples, traj.rollout.group_size
+        seeds = self.seeds(N, salt=6)   # global: a group's first seed is the same on any number of processes
+        pts = dgpo_points(traj, self.num_timesteps(c), mix_seed(c.seed, self.trainer.step_count, 6), seeds[::G])
+        with torch.no_grad():
+            out = {"points": pts, "old_error": point_values(self, traj, pts, error=True)}
+            with (self.ema.swapped() if self.ema is not None else self.policy.reference()):
+                out["ref_error"] = point_values(self, traj, pts, error=True)
+            if c.kl_coef > 0:
+                with self.policy.reference(): pts.ref_velocity = point_values(self, traj, pts)
+        return out, {}
+
+    def begin_epoch(self, traj, advantages, prepared, epoch):
+        "Every group's weight sigmoid(S_g) at this epoch's weights (the first epoch's are those that sampled)."
+        c, G, pts = self.config, traj.rollout.group_size, prepared["points"]
+        with torch.no_grad():
+            error = prepared["old_error"] if epoch == 0 else point_values(self, traj, pts, error=True)
+        a = clipped_advantages(advantages.cpu(), c.matching_adv_clip)
+        prepared["group_weight"] = torch.stack([dgpo_group_weights(a, error[:, k], prepared["ref_error"][:, k], G, c.dgpo_beta)
+                                                for k in range(pts.num_timesteps)], 1)
+
+    def loss(self, traj, advantages, prepared, part):
+        c, dev, pts = self.config, self.policy.on_device, prepared["points"]
+        v, u = self.policy.noised_velocity(traj, pts.sigma_index[:, part], pts.noise[:, part])
+        error = matching_error(v, u)
+        weight = dev(prepared["group_weight"][:, part])
+        per, frozen = dgpo_loss(error, dev(prepared["old_error"][:, part]),
+                                dev(clipped_advantages(advantages, c.matching_adv_clip)), weight, c.dgpo_clip_range)
+        m = {"group_weight": weight.mean().item(), "frozen_fraction": frozen.double().mean().item(),
+             "matching_error": error.mean().item()}
+        return self.velocity_penalties(v, prepared, part, per.mean().float(), m)
+
 # %% ../nbs/05c_objectives.ipynb #0da96be0
-OBJECTIVES: dict[str, type[Objective]] = {o.name: o for o in (FlowGRPO, DiffusionNFT)}   # the DiT's, by name
+OBJECTIVES: dict[str, type[Objective]] = {o.name: o for o in (FlowGRPO, GRPOGuard, DiffusionNFT, AWM, DGPO)}   # the DiT's, by name
 
 def objective_class(objective, where: str = "GRPOConfig") -> type[Objective]:
     "The class of `objective`: a name in OBJECTIVES, or an Objective object."

@@ -1,6 +1,6 @@
 """One GRPO update on a fixed global batch, under however many processes this is launched with (torchrun or plain
-python). Writes the resulting LoRA tensors (and DiffusionNFT's old adapter) to argv[1]; argv[3] is the DiT's
-objective. Used by test_distributed.py."""
+python). Writes the resulting LoRA tensors (and the objective's own adapters: DiffusionNFT's old one, AWM's and DGPO's
+EMA) to argv[1]; argv[3] is the DiT's objective. Used by test_distributed.py."""
 import sys
 
 import torch
@@ -12,6 +12,10 @@ from glm_grpo_nb.trainer import GRPOTrainer
 from glm_grpo_nb.policy import GlmImagePolicy
 
 PROMPTS = ["a red square on a blue background", "a green field", "a gradient from yellow to navy", "a 'HI' sign"]
+# each objective's own settings: its noise levels, its extra state, two inner epochs where an epoch's start matters
+OWN = {"nft": dict(nft_timesteps=2, nft_decay_rate=0.3), "grpo_guard": dict(num_inner_epochs=2),
+       "awm": dict(awm_timesteps=2, awm_ema_coef=0.1, ema_decay_rate=0.3, matching_adv_clip=1.0, num_inner_epochs=2),
+       "dgpo": dict(dgpo_timesteps=2, ema_decay_rate=0.3, num_inner_epochs=2)}
 
 if __name__ == "__main__":
     out, model, objective = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -21,8 +25,7 @@ if __name__ == "__main__":
     n_local = len(PROMPTS) // acc.num_processes
     trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=2, prompts_per_step=n_local, height=64, width=64,
                           num_inference_steps=4, sde_window=(0, 2), lr=1e-3, advantage_scale="batch", kl_coef=0.05,
-                          micro_batch_size=3, accelerator=acc, dit_objective=objective, nft_timesteps=2,
-                          nft_decay_rate=0.3)
+                          micro_batch_size=3, accelerator=acc, dit_objective=objective, **OWN.get(objective, {}))
     full = trainer.sample(PROMPTS, seed=1234)          # the same global batch on every process
     G = trainer.config.group_size
     mine = full.select(range(acc.process_index * n_local * G, (acc.process_index + 1) * n_local * G))
