@@ -27,6 +27,9 @@ RUNS = {
     "nft decoupled": dict(dit_objective="nft", mode="decoupled", nft_timesteps=2),
     "nft i2i": dict(dit_objective="nft", mode="joint", i2i=True),
     "ar only": dict(train_dit=False),
+    "grpo_guard moving window": dict(dit_objective="grpo_guard", sde_window_schedule="progressive"),
+    "awm joint (EMA)": dict(dit_objective="awm", awm_timesteps=2, awm_ema_coef=0.1, ema_decay_rate=0.2),
+    "dgpo decoupled": dict(dit_objective="dgpo", mode="decoupled", dgpo_timesteps=2, ema_decay_rate=0.2),
 }
 PROMPTS = ["a red square", "a blue circle", "a green field", "the word 'OK' on white"]
 

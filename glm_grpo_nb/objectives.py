@@ -375,7 +375,7 @@ class MatchingObjective(Objective):
     def plan_memory(cls, sizes):
         return ({"EMA DiT LoRA + its snapshot": sizes["dit_lora_params"] * 8},
                 {"activations (one noise level, no guidance)": sizes["forward"] + sizes["recompute"],
-                 "reference velocities (fp32, with kl_coef or AWM's EMA penalty)": sizes["num_inference_steps"] * sizes["latents"]})
+                 "reference velocities (fp32, with a KL or EMA)": sizes["num_inference_steps"] * sizes["latents"]})
 
 class AWM(MatchingObjective):
     "Advantage Weighted Matching: PPO's clipped surrogate on log p = -w(flow-matching error), against the step's start."
