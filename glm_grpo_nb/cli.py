@@ -59,7 +59,7 @@ def generate(
     if not model: raise ValueError("generate: pass --model with a GLM-Image folder or hub id.")
     if not prompt or not prompt.strip(): raise ValueError("generate: the prompt is empty; pass --prompt with some text.")
     model = resolve_model(model, "generate: --model")
-    w0, h0 = model_size(model) or (1024, 1024)
+    w0, h0 = model_size(model)
     height, width = h0 if height is None else height, w0 if width is None else width
     check_image_size(height, width, "generate: --height/--width")
     if adapters is not None and not any((Path(adapters) / half).is_dir() for half in ("ar", "dit")):
@@ -398,7 +398,7 @@ def evaluate(
     if not prompts: raise ValueError("evaluate: pass --prompts with a prompts file or a dataset.")
     model = resolve_model(model, "evaluate: --model")
     if height is not None or width is not None:
-        w0, h0 = model_size(model) or (1024, 1024)
+        w0, h0 = model_size(model)
         check_image_size(h0 if height is None else height, w0 if width is None else width, "evaluate: --height/--width")
     check_hub_model(model, "evaluate: --model")
     from glm_grpo_nb.evaluation import evaluate_model, format_metrics

@@ -61,7 +61,7 @@ class PipelineModel:
         from glm_grpo_nb.hub import model_size
         self.model, self.adapters, self.pipe = model, adapters, None
         if height is None or width is None:   # the model's own size, as the pipeline's default is not
-            w0, h0 = model_size(model) or (1024, 1024)
+            w0, h0 = model_size(model)
             height, width = h0 if height is None else height, w0 if width is None else width
         self.kw = dict(height=height, width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale)
         self.device, self.torch_dtype = device, torch_dtype

@@ -22,11 +22,11 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'AR_LORA_MODULES', 'AR_LORA_TARGETS', 'DIT_LORA_TARGETS',
-           'DIT_LORA_TARGETS_FF', 'WINDOW_SCHEDULES', 'MARKER', 'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model',
-           'check_image_size', 'token_grid', 'lora_targeted', 'sde_steps', 'sde_window_at', 'folder_info',
-           'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder', 'remove_leftovers',
-           'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock', 'hush_harmless_notices',
-           'quiet_io']
+           'DIT_LORA_TARGETS_FF', 'WINDOW_SCHEDULES', 'MARKER', 'DEFAULT_SIZE', 'HARMLESS_NOTICES', 'resolve_model',
+           'check_hub_model', 'check_image_size', 'token_grid', 'lora_targeted', 'sde_steps', 'sde_window_at',
+           'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder',
+           'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock',
+           'hush_harmless_notices', 'quiet_io']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -154,10 +154,13 @@ def folder_kind(path: str | Path) -> str | None:
     "What this toolkit wrote in `path` ('model', 'adapters', 'checkpoint', 'run'), or None."
     return folder_info(path).get("kind")
 
-def model_size(path_or_hub_id: str | Path) -> tuple[int, int] | None:
-    "(width, height) a model folder written here was made for (the tiny model: 64x64), or None if it does not say."
-    size = folder_info(Path(str(path_or_hub_id)).expanduser()).get("size")   # a hub id has no marker: None
-    return (int(size[0]), int(size[1])) if isinstance(size, list) and len(size) == 2 else None
+DEFAULT_SIZE = (1024, 1024)   # GLM-Image's own (width, height), where nothing says otherwise
+
+def model_size(path_or_hub_id: str | Path | None) -> tuple[int, int]:
+    "(width, height) a model makes when not told: what a folder written here recorded (the tiny model: 64x64), else 1024²."
+    info = folder_info(Path(str(path_or_hub_id)).expanduser()) if path_or_hub_id is not None else {}   # a hub id: none
+    size = info.get("size")
+    return (int(size[0]), int(size[1])) if isinstance(size, list) and len(size) == 2 else DEFAULT_SIZE
 
 def check_folder(path: str | Path, kind: str, where: str) -> None:
     "Raise unless `path` is new, an empty folder, or a folder this toolkit marked as `kind`."

@@ -17,7 +17,7 @@ from transformers import (ByT5Tokenizer, GlmImageConfig, GlmImageForConditionalG
 from transformers.models.glm_image.image_processing_pil_glm_image import GlmImageImageProcessorPil
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTransformer2DModel
 
-from .hub import MODEL_INDEX, atomic_folder, check_folder, quiet_io
+from .hub import DEFAULT_SIZE, MODEL_INDEX, atomic_folder, check_folder, quiet_io
 
 # %% auto #0
 __all__ = ['RELEASE_IDS', 'RELEASE_PIXELS', 'TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS',
@@ -123,7 +123,7 @@ def make_random_glm_image(
                                                 max_shift=0.75, base_image_seq_len=256, time_shift_type="linear")
     parts = dict(processor=processor, tokenizer=ByT5Tokenizer(), text_encoder=mods["text_encoder"],
                  vision_language_encoder=ar, transformer=mods["dit"], vae=mods["vae"], scheduler=scheduler)
-    return parts if path is None else _write_model(path, parts, "make_random_glm_image", size=(1024, 1024))
+    return parts if path is None else _write_model(path, parts, "make_random_glm_image", size=DEFAULT_SIZE)
 
 # %% ../nbs/01_tiny.ipynb #1b2c3d4e
 def _write_model(path: Path, parts: dict, where: str, size: tuple[int, int]) -> Path:

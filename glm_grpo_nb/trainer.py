@@ -176,7 +176,7 @@ class GRPOTrainer(FaultTolerance, RunLoop):
         t = next((e.target for e in self.dataset.examples if e.target), None)
         if t is not None:
             with open_image(t) as im: return im.size
-        return (model_size(self.policy.source) if self.policy.source is not None else None) or (1024, 1024)
+        return model_size(self.policy.source)
 
     def _check_policy_and_data(self):
         c, p = self.config, self.policy
