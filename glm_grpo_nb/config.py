@@ -11,7 +11,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 
-from .hub import IMAGE_BLOCK, check_image_size, sde_steps
+from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 
 # %% auto #0
 __all__ = ['RENAMED', 'DIT_OBJECTIVES', 'setting', 'renamed_settings', 'deprecated', 'GRPOConfig']
@@ -198,6 +198,11 @@ class GRPOConfig:
         "Old name of `num_inference_steps` (warns once)."
         deprecated("GRPOConfig", "num_steps", "num_inference_steps", stacklevel=3)
         return self.num_inference_steps
+
+    def sde_window_of(self, step: int) -> list[int]:
+        "The stochastic denoising steps of training step `step` (fixed, or moved as `sde_window_schedule` says)."
+        return sde_window_at(self.sde_window, self.num_inference_steps, step, self.sde_window_schedule,
+                             self.sde_window_every, self.sde_window_stride, self.seed)
 
     @classmethod
     def from_dict(cls, d: dict) -> "GRPOConfig":

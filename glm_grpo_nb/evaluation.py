@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .data import PromptDataset
+from .data import COLUMNS, PromptDataset
 from .ocr import edit_distance, quoted_texts
 
 # %% auto #0
@@ -177,7 +177,7 @@ def _score(paths, rows, rewards, samples_per_prompt: int, batch: int = 16) -> di
             r = [rows[k // samples_per_prompt] for k in ks]
             targets = [x["target"] for x in r] if all(x["target"] is not None for x in r) else None
             sources = [x["sources"] for x in r] if all(x["sources"] is not None for x in r) else None
-            columns = {c: [x[c] for x in r] for c in r[0] if c not in ("prompt", "target", "sources")}
+            columns = {c: [x[c] for x in r] for c in r[0] if c not in COLUMNS}   # the dataset's other columns
             part = [{} for _ in ks]
             for reward in rewards:
                 res = evaluate_reward(reward, images, [x["prompt"] for x in r], targets, sources, normalize=False,

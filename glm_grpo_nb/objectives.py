@@ -7,6 +7,7 @@ gradients, its loss on a micro-batch, what follows a successful step, and what o
 from __future__ import annotations
 
 import contextlib
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 import torch
@@ -18,11 +19,11 @@ from .nft import OldAdapter, nft_decay, nft_loss, nft_optimality, nft_points
 from .policy import mix_seed, to_host
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'Objective', 'point_values', 'TokenGRPO', 'FlowGRPO', 'GRPOGuard', 'DiffusionNFT', 'MatchingObjective',
-           'AWM', 'DGPO', 'objective_class', 'make_objective']
+__all__ = ['OBJECTIVES', 'Objective', 'point_values', 'TokenGRPO', 'FlowGRPO', 'GRPOGuard', 'ForwardProcessObjective',
+           'DiffusionNFT', 'MatchingObjective', 'AWM', 'DGPO', 'objective_class', 'make_objective']
 
 # %% ../nbs/05c_objectives.ipynb #f640a30a
-class Objective:
+class Objective(ABC):
     "What one half of the model trains with. The trainer calls these methods and names no objective."
     name: str = ""   # what GRPOConfig.dit_objective (and --dit-objective) calls it
     defaults: dict = {"guidance_scale": 1.0, "kl_type": "velocity"}   # GRPOConfig settings left unset take these
@@ -72,9 +73,9 @@ class Objective:
         "Backward passes per micro-batch (each part's loss is backpropagated before the next is computed)."
         return 1
 
+    @abstractmethod
     def loss(self, data, advantages: torch.Tensor, prepared: dict, part: int) -> tuple[torch.Tensor, dict]:
         "The loss of micro-batch `data` (with gradients) and its metrics; `prepared` holds the micro-batch's rows."
-        raise NotImplementedError(f"{type(self).__name__}.loss: an objective must say what it minimises.")
 
     def after_step(self, step: int) -> dict:
         "After a successful update (every inner epoch), `step` updates done in all: metrics."
@@ -227,20 +228,63 @@ class GRPOGuard(FlowGRPO):
         resident, update = super().plan_memory(sizes)
         return resident, {**update, "old step means (fp32)": sizes["window_steps"] * sizes["latents"]}
 
-# %% ../nbs/05c_objectives.ipynb #1a4d60f8
-class DiffusionNFT(Objective):
-    "DiffusionNFT: the implicit positive/negative policies' loss on the forward process of the clean samples."
-    name = "nft"
+# %% ../nbs/05c_objectives.ipynb #56ae9024
+class ForwardProcessObjective(Objective):
+    "What DiffusionNFT, AWM and DGPO share: ODE sampling, one backward part per noise level of the clean samples' forward"
+    " process, the KL on the velocity, and a copy of the DiT's adapter that snapshots put back and checkpoints keep."
     defaults = {"guidance_scale": 1.0, "kl_type": "velocity"}
+    copy_file = ""   # the adapter copy's file in a checkpoint
 
     @classmethod
     def check(cls, config):
         if config.kl_type != "velocity":
-            raise ValueError("GRPOConfig: dit_objective='nft' has no SDE steps whose means a KL could compare; its KL is "
-                             "on the velocity: pass kl_type='velocity' (or leave it unset).")
+            raise ValueError(f"GRPOConfig: dit_objective={cls.name!r} has no SDE steps whose means a KL could compare; "
+                             "its KL is on the velocity: pass kl_type='velocity' (or leave it unset).")
         if config.sde_window_schedule != "fixed":
-            raise ValueError("GRPOConfig: sde_window_schedule moves the stochastic steps of flow_grpo and grpo_guard; "
-                             "dit_objective='nft' samples with the ODE and has none: leave it 'fixed'.")
+            raise ValueError(f"GRPOConfig: sde_window_schedule moves the stochastic steps of flow_grpo and grpo_guard; "
+                             f"dit_objective={cls.name!r} samples with the ODE and has none: leave it 'fixed'.")
+
+    @property
+    def adapter_copy(self) -> OldAdapter | None:
+        "The copy of the DiT's LoRA weights this objective keeps (None when the DiT does not train)."
+        return None
+
+    def sampling(self): return {"noise_level": 0.0}
+
+    def num_parts(self, prepared): return prepared["points"].num_timesteps
+
+    def velocity_kl(self, v, points, part, loss, m):
+        "`loss` + kl_coef * |v - v_ref|^2 at the `part`-th noise level, when reference velocities were prepared."
+        if points.ref_velocity is not None:
+            kl = ((v - self.policy.on_device(points.ref_velocity[:, part])) ** 2).mean()
+            loss, m["kl"] = loss + self.config.kl_coef * kl, kl.item()
+        return loss, m
+
+    def snapshot(self): return None if self.adapter_copy is None else [w.clone() for w in self.adapter_copy.weights]
+
+    def restore(self, snapshot):
+        if snapshot is None: return
+        with torch.no_grad():
+            for w, o in zip(self.adapter_copy.weights, snapshot): w.copy_(o)
+
+    def checkpoint_tensors(self):
+        return {} if self.adapter_copy is None else {self.copy_file: self.adapter_copy.state_dict()}
+
+    def load_checkpoint(self, read, checkpoint):
+        if self.adapter_copy is None: return
+        saved = read(self.copy_file)
+        if saved is None: self.adapter_copy.update(0.0)   # a checkpoint of a run without one: start from the adapters
+        else: self.adapter_copy.load_state_dict(saved, f"resume: {Path(checkpoint) / (self.copy_file + '.safetensors')}")
+
+# %% ../nbs/05c_objectives.ipynb #1a4d60f8
+class DiffusionNFT(ForwardProcessObjective):
+    "DiffusionNFT: the implicit positive/negative policies' loss on the forward process of the clean samples."
+    name = "nft"
+    copy_file = "old_dit"
+
+    @classmethod
+    def check(cls, config):
+        super().check(config)
         if config.nft_timesteps is not None and config.nft_timesteps > config.num_inference_steps:
             raise ValueError(f"GRPOConfig: nft_timesteps={config.nft_timesteps} is more than the schedule's num_inference_steps="
                              f"{config.num_inference_steps} noise levels; pass at most {config.num_inference_steps}.")
@@ -250,7 +294,8 @@ class DiffusionNFT(Objective):
         # the old policy: a copy of the DiT's LoRA weights that samples and anchors the implicit policies
         self.old = OldAdapter(named_params) if trains else None
 
-    def sampling(self): return {"noise_level": 0.0}
+    @property
+    def adapter_copy(self): return self.old
 
     def sampling_adapter(self): return self.old.swapped() if self.old is not None else contextlib.nullcontext()
 
@@ -263,8 +308,6 @@ class DiffusionNFT(Objective):
                 with self.policy.reference(): pts.ref_velocity = point_values(self, traj, pts)
         return {"points": pts}, {}
 
-    def num_parts(self, prepared): return prepared["points"].num_timesteps
-
     def loss(self, traj, advantages, prepared, part):
         "The loss at each sample's `part`-th noise level (+ KL on the velocity to the reference)."
         c, dev, points = self.config, self.policy.on_device, prepared["points"]
@@ -274,31 +317,13 @@ class DiffusionNFT(Objective):
         loss = nft_loss(v, v_old, target, dev(traj.sigmas[idx]), dev(nft_optimality(advantages, c.nft_adv_clip)),
                         beta=c.nft_beta, adv_clip=c.nft_adv_clip).mean()
         m = {"policy_loss": loss.item(), "old_deviate": ((v.detach() - v_old) ** 2).mean().item()}
-        if points.ref_velocity is not None:
-            kl = ((v - dev(points.ref_velocity[:, part])) ** 2).mean()
-            loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
-        return loss, m
+        return self.velocity_kl(v, points, part, loss, m)
 
     def after_step(self, step):
         c = self.config
         decay = nft_decay(step, c.nft_decay_rate, c.nft_decay_max, c.nft_decay_warmup)
         self.old.update(decay)
         return {"old_decay": decay}
-
-    def snapshot(self): return None if self.old is None else [w.clone() for w in self.old.weights]
-
-    def restore(self, snapshot):
-        if snapshot is None: return
-        with torch.no_grad():
-            for w, o in zip(self.old.weights, snapshot): w.copy_(o)
-
-    def checkpoint_tensors(self): return {} if self.old is None else {"old_dit": self.old.state_dict()}
-
-    def load_checkpoint(self, read, checkpoint):
-        if self.old is None: return
-        saved = read("old_dit")
-        if saved is None: self.old.update(0.0)   # a checkpoint of a run without one: start from the adapters
-        else: self.old.load_state_dict(saved, f"resume: {Path(checkpoint) / 'old_dit.safetensors'}")
 
     @classmethod
     def plan_memory(cls, sizes):
@@ -307,9 +332,9 @@ class DiffusionNFT(Objective):
                           "old velocities (fp32)": sizes["num_inference_steps"] * sizes["latents"]}
 
 # %% ../nbs/05c_objectives.ipynb #a5333698
-class MatchingObjective(Objective):
-    "What AWM and DGPO share: ODE sampling, noised points of the clean samples, one noise level per part, an EMA adapter."
-    defaults = {"guidance_scale": 1.0, "kl_type": "velocity"}
+class MatchingObjective(ForwardProcessObjective):
+    "What AWM and DGPO share: their noise levels, and an EMA of the adapter that follows after each step."
+    copy_file = "ema_dit"
     timesteps_setting = ""   # the GRPOConfig setting of the noise levels trained per step
 
     @classmethod
@@ -320,12 +345,7 @@ class MatchingObjective(Objective):
 
     @classmethod
     def check(cls, config):
-        if config.kl_type != "velocity":
-            raise ValueError(f"GRPOConfig: dit_objective={cls.name!r} has no SDE steps whose means a KL could compare; "
-                             "its KL is on the velocity: pass kl_type='velocity' (or leave it unset).")
-        if config.sde_window_schedule != "fixed":
-            raise ValueError(f"GRPOConfig: sde_window_schedule moves the stochastic steps of flow_grpo and grpo_guard; "
-                             f"dit_objective={cls.name!r} samples with the ODE and has none: leave it 'fixed'.")
+        super().check(config)
         allowed, k = timestep_range(config.num_inference_steps), cls.num_timesteps(config)
         if k > len(allowed):
             raise ValueError(f"GRPOConfig: {cls.timesteps_setting}={k}, but {cls.name} trains at the schedule's indices "
@@ -338,38 +358,14 @@ class MatchingObjective(Objective):
         super().setup(trainer, named_params, trains)
         self.ema = OldAdapter(named_params) if trains and self.wants_ema(trainer.config) else None
 
-    def sampling(self): return {"noise_level": 0.0}
-
-    def num_parts(self, prepared): return prepared["points"].num_timesteps
-
-    def velocity_penalties(self, v, prepared, part, loss, m):
-        "Add kl_coef * |v - v_ref|^2 (and AWM's EMA penalty) to `loss`."
-        c, dev, pts = self.config, self.policy.on_device, prepared["points"]
-        if pts.ref_velocity is not None:
-            kl = ((v - dev(pts.ref_velocity[:, part])) ** 2).mean()
-            loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
-        return loss, m
+    @property
+    def adapter_copy(self): return self.ema
 
     def after_step(self, step):
         if self.ema is None: return {}
         decay = nft_decay(step, self.config.ema_decay_rate, self.config.ema_decay_max)
         self.ema.update(decay)
         return {"ema_decay": decay}
-
-    def snapshot(self): return None if self.ema is None else [w.clone() for w in self.ema.weights]
-
-    def restore(self, snapshot):
-        if snapshot is None: return
-        with torch.no_grad():
-            for w, o in zip(self.ema.weights, snapshot): w.copy_(o)
-
-    def checkpoint_tensors(self): return {} if self.ema is None else {"ema_dit": self.ema.state_dict()}
-
-    def load_checkpoint(self, read, checkpoint):
-        if self.ema is None: return
-        saved = read("ema_dit")
-        if saved is None: self.ema.update(0.0)   # a checkpoint of a run without one: start from the adapters
-        else: self.ema.load_state_dict(saved, f"resume: {Path(checkpoint) / 'ema_dit.safetensors'}")
 
     @classmethod
     def plan_memory(cls, sizes):
@@ -410,7 +406,7 @@ class AWM(MatchingObjective):
         if "ema_velocity" in prepared:
             drift = ((v - dev(prepared["ema_velocity"][:, part])) ** 2).mean()
             loss, m["ema_deviate"] = loss + c.awm_ema_coef * drift, drift.item()
-        return self.velocity_penalties(v, prepared, part, loss, m)
+        return self.velocity_kl(v, pts, part, loss, m)
 
 class DGPO(MatchingObjective):
     "Direct Group Preference Optimization: each sample's matching error weighted by its advantage and its group's score."
@@ -450,7 +446,7 @@ class DGPO(MatchingObjective):
                                 dev(clipped_advantages(advantages, c.matching_adv_clip)), weight, c.dgpo_clip_range)
         m = {"group_weight": weight.mean().item(), "frozen_fraction": frozen.double().mean().item(),
              "matching_error": error.mean().item()}
-        return self.velocity_penalties(v, prepared, part, per.mean().float(), m)
+        return self.velocity_kl(v, pts, part, per.mean().float(), m)
 
 # %% ../nbs/05c_objectives.ipynb #0da96be0
 OBJECTIVES: dict[str, type[Objective]] = {o.name: o for o in (FlowGRPO, GRPOGuard, DiffusionNFT, AWM, DGPO)}   # the DiT's, by name

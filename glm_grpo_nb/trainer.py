@@ -19,7 +19,7 @@ from PIL import Image
 from .config import GRPOConfig
 from .data import open_image
 from .faults import FaultTolerance
-from .hub import model_size, sde_window_at
+from .hub import model_size
 from .loss import group_advantages
 from .objectives import TokenGRPO, make_objective
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows, to_host
@@ -258,13 +258,6 @@ def _timed(seconds: dict, name: str):
 
 # %% ../nbs/05_trainer.ipynb #8c0f1a04
 @patch
-def _sde_window(self: GRPOTrainer, step: int) -> list[int]:
-    "The stochastic denoising steps of training step `step` (fixed, or moved as `sde_window_schedule` says)."
-    c = self.config
-    return sde_window_at(c.sde_window, c.num_inference_steps, step, c.sde_window_schedule, c.sde_window_every,
-                         c.sde_window_stride, c.seed)
-
-@patch
 def sample(self: GRPOTrainer, prompts=None, targets=None, sources=None, step: int | None = None,
            seed: int | None = None, columns: dict | None = None) -> Sample:
     "Sample tokens, sample latents, decode, score: `group_size` images per prompt (no gradients)."
@@ -278,7 +271,7 @@ def sample(self: GRPOTrainer, prompts=None, targets=None, sources=None, step: in
     ps, ts, ss = _repeat(prompts, G), _repeat(targets, G), _repeat(sources, G)
     cs = {k: _repeat(v, G) for k, v in (columns or {}).items()}
     score = lambda reward_fn, images: evaluate_reward(reward_fn, images, ps, ts, ss, group_size=G, columns=cs)
-    latent_kw = dict(num_steps=c.num_inference_steps, sde_type=c.sde_type, sde_window=self._sde_window(step),
+    latent_kw = dict(num_steps=c.num_inference_steps, sde_type=c.sde_type, sde_window=c.sde_window_of(step),
                      guidance_scale=c.guidance_scale, cps_logprob=c.cps_logprob)
     dit = self.objectives["dit"]   # how the DiT samples for its objective: noise, and under which adapter
     decode = lambda traj: self._retry_oom("decode", len(ps), lambda: pol.decode(traj, self.config.decode_batch))
@@ -477,7 +470,7 @@ def step(self: GRPOTrainer) -> StepResult:
                                                          before_retry=lambda: self._restore(snap))
             metrics.update({f"lowered/{k}": float(v) for k, v in self._lowered.items()})
             if self.config.sde_window_schedule != "fixed":   # where the moving window was
-                metrics["sde_window_start"] = float(self._sde_window(self.step_count)[0])
+                metrics["sde_window_start"] = float(self.config.sde_window_of(self.step_count)[0])
             if metrics["skipped"]: self._count_skip(self.skip_reason)
             else: self.consecutive_skips = 0
             res = StepResult(step=self.step_count, prompts=s.prompts, images=s.images, targets=s.targets,
