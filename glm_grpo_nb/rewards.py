@@ -184,7 +184,7 @@ def check_reward_signature(reward, where: str = "reward", columns=()) -> None:
 # %% ../nbs/03_rewards.ipynb #83ce0ba8
 _MOVED = {"pixel_rewards": ("images_to_tensor", "ssim", "MSEReward", "PSNRReward", "SSIMReward", "RednessReward",
                             "group_diversity", "_pairs"),
-          "ocr": ("quoted_texts", "edit_distance", "substring_distance", "text_score", "word_accuracy", "RapidOCREngine",
+          "ocr": ("quoted_texts", "prompt_texts", "edit_distance", "substring_distance", "text_score", "words_found", "RapidOCREngine",
                   "TransformersOCR", "OCRReward"),
           "model_rewards": ("CLIPScoreReward", "PickScoreReward", "AestheticReward", "PerceptualReward"),
           "served": ("TOKEN_ENV", "listen_token", "png_base64", "image_from_base64", "reward_app", "RewardServer",
