@@ -381,7 +381,7 @@ def evaluate(
     model: str = None,           # GLM-Image folder or hub id: the base model, always scored (required)
     prompts: str = None,         # .txt/.jsonl/.csv file or folder, or a Hugging Face dataset id (required)
     adapters: list[str] = None,  # trained adapter folders scored beside the base model (NAME=FOLDER names one)
-    metrics: str = "ocr",        # comma-separated: ocr (word accuracy, NED, sentence accuracy), reward names, module:object, URLs
+    metrics: str = "ocr",        # comma-separated: ocr (CVTG-2K's word accuracy and NED, our whole_reading_ned, all_words_read), reward names, module:object, URLs
     reward_models: str = "",     # models of model-based metrics: clip=PATH,pickscore=PATH
     out: str = "runs/eval",      # output folder: metrics.json, samples.csv, report.png, images/ (run again to resume)
     split: str = "train",        # the split of a Hugging Face dataset
@@ -392,6 +392,8 @@ def evaluate(
     num_inference_steps: int = 20,  # denoising steps of the DiT
     guidance_scale: float = 1.5, # classifier-free guidance of the DiT
     device: str = None,          # torch device (default: CUDA if available)
+    benchmark: str = None,       # cvtg-2k or longtext: --prompts is that benchmark's own file(s); prints its table
+    ocr_min_confidence: float = 0.5,  # the OCR drops lines read with less confidence (PaddleOCR's default is 0.5 too)
 ):
     "Score a model and its trained adapters on prompts: text metrics and rewards, with 95 % intervals."
     if not model: raise ValueError("evaluate: pass --model with a GLM-Image folder or hub id.")
@@ -407,7 +409,8 @@ def evaluate(
                          metrics=[m.strip() for m in metrics.split(",") if m.strip()],
                          samples_per_prompt=samples_per_prompt, seed=seed, height=height, width=width,
                          num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
-                         reward_models=models_of(reward_models), device=device)
+                         reward_models=models_of(reward_models), device=device, benchmark=benchmark,
+                         ocr_min_confidence=ocr_min_confidence)
     print(format_metrics(res))
     print(f"wrote {Path(out) / 'metrics.json'}, {Path(out) / 'samples.csv'} and {Path(out) / 'report.png'}")
     return 0

@@ -81,7 +81,7 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
     m = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert list(m["models"]) == ["base", "demo"] and m["settings"]["samples_per_prompt"] == 2
     base, demo = m["models"]["base"]["metrics"], m["models"]["demo"]["metrics"]
-    assert {"word_accuracy", "ned", "sentence_accuracy", "ocr", "redness"} <= set(base)
+    assert {"word_accuracy", "ned", "whole_reading_ned", "all_words_read", "ocr", "redness"} <= set(base)
     assert base["word_accuracy"]["images"] == base["ocr"]["images"] == 2 and base["redness"]["images"] == 4   # text apart
     assert demo["redness"]["mean"] > base["redness"]["mean"], (base["redness"], demo["redness"])   # trained towards red
     assert "base (4 images, 2 with text): word_accuracy" in e.stdout and Image.open(tmp_path / "eval" / "report.png")
@@ -92,3 +92,17 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "eval" / "images").rglob("*.png")} == made
     bad = run(*ev[:-1], str(tmp_path / "eval"), "--seed", "3")
     assert bad.returncode == 2 and "seed differ" in bad.stderr and "Traceback" not in bad.stderr
+    # a benchmark's own prompt files: CVTG-2K's layout, its table printed beside the base model
+    (tmp_path / "cvtg" / "CVTG").mkdir(parents=True)
+    (tmp_path / "cvtg" / "CVTG" / "2.json").write_text(json.dumps({"data_list": [
+        {"index": 0, "prompt": "A sign that says 'READ'. A cup with the word 'MORNING'.", "carrier_list": ["sign", "cup"]},
+        {"index": 1, "prompt": "A billboard reading 'Adventure'. A window with 'Drive'.", "carrier_list": ["billboard", "window"]}]}))
+    b = run(glm_grpo, "evaluate", "--model", str(out / "model"), "--adapters", f"demo={out / 'adapters'}", "--prompts",
+            str(tmp_path / "cvtg"), "--benchmark", "cvtg-2k", "--num-inference-steps", "4", "--out", str(tmp_path / "cvtg_eval"))
+    assert b.returncode == 0, b.stderr[-3000:]
+    assert "CVTG-2K (word accuracy by text regions, average; NED)" in b.stdout and "2 regions" in b.stdout, b.stdout
+    bm = json.loads((tmp_path / "cvtg_eval" / "metrics.json").read_text())
+    assert bm["settings"]["benchmark"] == "cvtg-2k" and bm["models"]["demo"]["benchmark"]["official"]["total_words"] == 4
+    wrong = run(glm_grpo, "evaluate", "--model", str(out / "model"), "--prompts", str(tmp_path / "eval_prompts.txt"),
+                "--benchmark", "cvtg-2k", "--out", str(tmp_path / "wrong"))
+    assert wrong.returncode == 2 and "no JSON file" not in wrong.stderr and "read_cvtg2k" in wrong.stderr, wrong.stderr
