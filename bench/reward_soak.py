@@ -111,5 +111,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--glm-grpo", default=None, help="the console script to serve with (default: beside this Python)")
     a = ap.parse_args()
-    print(json.dumps(soak(a.requests, a.concurrency), indent=1))
+    print(json.dumps(soak(a.requests, a.concurrency, a.glm_grpo), indent=1))

@@ -1,6 +1,7 @@
 """Rewards served by `glm-grpo serve-reward` in their own process, on loopback: a training step with a served reward
 equals the step with the same reward in-process, bit for bit; a stopped, a slow and a misbehaving server each give an
 error that names the URL, before anything reaches the weights."""
+import json
 import re
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import clean_env
+from conftest import ROOT, clean_env
 
 from glm_grpo_nb.policy import GlmImagePolicy
 from glm_grpo_nb.rewards import RednessReward, RemoteReward, RewardServiceError
@@ -243,7 +244,10 @@ def test_train_keeps_its_steps_when_the_service_stays_away(glm_grpo, tiny_path, 
 
 def test_soak_within_limits(glm_grpo):
     "300 requests, 8 at a time, a third of them over a limit: every answer right, every refusal a 4xx, memory flat."
-    from bench.reward_soak import soak
-    figures = soak(300, 8, glm_grpo)   # raises on any wrong answer or refusal
+    # run as its docstring says, from the repository root: `bench` is not an installed package
+    r = subprocess.run([sys.executable, "-m", "bench.reward_soak", "--requests", "300", "--concurrency", "8",
+                        "--glm-grpo", glm_grpo], capture_output=True, text=True, cwd=ROOT, env=clean_env(), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]   # it raises on any wrong answer or refusal
+    figures = json.loads(r.stdout)
     assert figures["counts"]["valid"] == 114 and figures["seconds_after_warmup"] < 120, figures
     assert figures["rss_mb_end"] - figures["rss_mb_after_warmup"] < 25, figures   # no request leaves memory behind
