@@ -6,6 +6,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'glm_grpo_nb.benchmarks._cvtg_figures': ( 'benchmarks.html#_cvtg_figures',
                                                                                   'glm_grpo_nb/benchmarks.py'),
                                         'glm_grpo_nb.benchmarks._cvtg_files': ('benchmarks.html#_cvtg_files', 'glm_grpo_nb/benchmarks.py'),
+                                        'glm_grpo_nb.benchmarks.benchmark_figures': ( 'benchmarks.html#benchmark_figures',
+                                                                                      'glm_grpo_nb/benchmarks.py'),
                                         'glm_grpo_nb.benchmarks.benchmark_metrics': ( 'benchmarks.html#benchmark_metrics',
                                                                                       'glm_grpo_nb/benchmarks.py'),
                                         'glm_grpo_nb.benchmarks.benchmark_parts': ( 'benchmarks.html#benchmark_parts',

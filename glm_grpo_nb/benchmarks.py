@@ -16,8 +16,8 @@ from .ocr import edit_distance
 
 # %% auto #0
 __all__ = ['BENCHMARKS', 'cvtg_target_words', 'cvtg_read_words', 'cvtg_ned', 'cvtg_word_scores', 'longtext_normalise',
-           'longtext_counts', 'longtext_language', 'benchmark_parts', 'benchmark_metrics', 'read_cvtg2k',
-           'read_longtext', 'read_benchmark']
+           'longtext_counts', 'longtext_language', 'benchmark_parts', 'benchmark_figures', 'benchmark_metrics',
+           'read_cvtg2k', 'read_longtext', 'read_benchmark']
 
 # %% ../nbs/09a_benchmarks.ipynb #09d2b327
 def cvtg_target_words(prompt: str) -> list[str]:
@@ -89,9 +89,8 @@ def benchmark_parts(benchmark: str, records: list[dict], readings: list, languag
     language = language or longtext_language(records)
     return [longtext_counts(r["text"], l, language) for r, l in zip(records, readings)]
 
-def benchmark_metrics(benchmark: str, records: list[dict], readings: list, language: str | None = None) -> dict:
-    "The benchmark's aggregate figures of images read: CVTG-2K word_accuracy and ned (and per region count); LongText text_accuracy."
-    parts = benchmark_parts(benchmark, records, readings, language)
+def benchmark_figures(benchmark: str, records: list[dict], parts: list[tuple], language: str | None = None) -> dict:
+    "The benchmark's aggregate of its images' `benchmark_parts`, as its code sums them."
     if benchmark == "cvtg-2k":
         out = _cvtg_figures(parts)
         regions = sorted({r["regions"] for r in records if r.get("regions") is not None})
@@ -103,6 +102,10 @@ def benchmark_metrics(benchmark: str, records: list[dict], readings: list, langu
                                    "({'prompt': ..., 'text': [...]}).")
     return {"text_accuracy": matched / asked, "matched": matched, "asked": asked, "images": len(parts),
             "language": language or longtext_language(records)}
+
+def benchmark_metrics(benchmark: str, records: list[dict], readings: list, language: str | None = None) -> dict:
+    "The benchmark's aggregate figures of images read: CVTG-2K word_accuracy and ned (and per region count); LongText text_accuracy."
+    return benchmark_figures(benchmark, records, benchmark_parts(benchmark, records, readings, language), language)
 
 # %% ../nbs/09a_benchmarks.ipynb #68affa48
 def _cvtg_files(p: Path) -> list[Path]:

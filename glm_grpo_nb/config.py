@@ -126,6 +126,7 @@ class GRPOConfig:
     max_grad_norm: float = setting(1.0, "gradient-norm clipping, per half")
     optimizer: str = setting("adamw", "optimiser (adamw8bit: bitsandbytes' 8-bit AdamW)", ("adamw", "adamw8bit"))
     weight_decay: float = setting(0.0, "AdamW weight decay")
+    adam_epsilon: float = setting(1e-8, "AdamW's epsilon (TRL's adam_epsilon): steps of gradients much smaller than it shrink")
     advantage_scale: str = setting("group", "advantage std: group (GRPO), batch, or none (Dr. GRPO)",
                                    ("group", "batch", "none"))
     aggregation: str = setting("token_mean", "loss over tokens and steps", ("token_mean", "sequence_mean"))
@@ -157,7 +158,7 @@ class GRPOConfig:
         for name, low, strict in (("temperature", 0, True), ("noise_level", 0, False), ("guidance_scale", 0, False),
                                   ("lr", 0, True), ("ar_lr", 0, False), ("dit_lr", 0, False), ("clip_range", 0, True),
                                   ("clip_range_high", 0, True), ("kl_coef", 0, False), ("max_grad_norm", 0, True),
-                                  ("weight_decay", 0, False), ("nft_beta", 0, True), ("nft_adv_clip", 0, True),
+                                  ("weight_decay", 0, False), ("adam_epsilon", 0, True), ("nft_beta", 0, True), ("nft_adv_clip", 0, True),
                                   ("nft_decay_rate", 0, False), ("nft_decay_max", 0, False), ("diversity_warning", 0, False),
                                   ("awm_ema_coef", 0, False), ("dgpo_beta", 0, True), ("dgpo_clip_range", 0, True),
                                   ("matching_adv_clip", 0, True), ("ema_decay_rate", 0, False), ("ema_decay_max", 0, False)):

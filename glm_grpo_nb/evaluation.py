@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .benchmarks import BENCHMARKS, benchmark_metrics, benchmark_parts, cvtg_target_words, cvtg_word_scores, read_benchmark
+from .benchmarks import BENCHMARKS, benchmark_figures, benchmark_metrics, benchmark_parts, cvtg_target_words, cvtg_word_scores, read_benchmark
 from .data import COLUMNS, PromptDataset
 from .ocr import edit_distance, prompt_texts
 
@@ -130,11 +130,12 @@ def _metric_rewards(metrics, reward_models: dict | None, ocr_min_confidence: flo
     from glm_grpo_nb.rewards import REWARDS, RemoteReward, _user_reward, load_reward
     out = []
     for m in metrics:
-        kw = {"model": reward_models[m]} if m in (reward_models or {}) else {"min_confidence": ocr_min_confidence} if m == "ocr" else {}
         if not isinstance(m, str): out.append(m)
         elif re.match(r"https?://", m): out.append(RemoteReward(m))
         elif ":" in m: out.append(_user_reward(m))   # your own, module:object
-        elif m in REWARDS: out.append(load_reward(m, **kw))
+        elif m in REWARDS:
+            kw = {"model": reward_models[m]} if m in (reward_models or {}) else {"min_confidence": ocr_min_confidence} if m == "ocr" else {}
+            out.append(load_reward(m, **kw))
         else: raise ValueError(f"evaluate_model: unknown metric {m!r}; use ocr (text metrics), a reward name "
                                f"({', '.join(sorted(REWARDS))}), module:object, a reward server's URL, or a reward object.")
     if not out: raise ValueError("evaluate_model: metrics= is empty; pass at least one, e.g. ['ocr'].")
@@ -257,7 +258,7 @@ def _figure(groups) -> dict:
     return {"mean": sum(map(sum, groups)) / n if n else 0.0, "ci95": list(bootstrap_interval(groups))}
 
 def _benchmark_summary(benchmark: str, records: list[dict], recs: list[dict], samples_per_prompt: int) -> dict:
-    "The benchmark's figures of one model's images, with intervals over prompts, and its own aggregate (`benchmark_metrics`)."
+    "The benchmark's figures of one model's images, with intervals over prompts, and its own aggregate (`benchmark_figures`)."
     per_image = [records[k // samples_per_prompt] for k in range(len(recs))]
     readings = [r.get("read", "").split("\n") for r in recs]
     parts = benchmark_parts(benchmark, per_image, readings)
@@ -265,12 +266,12 @@ def _benchmark_summary(benchmark: str, records: list[dict], recs: list[dict], sa
     group = lambda i, f: [x for k in range(i * samples_per_prompt, (i + 1) * samples_per_prompt) for x in f(parts[k])]
     if benchmark == "longtext":
         return {"text_accuracy": _figure([group(i, _ratio) for i in prompts]),
-                "official": benchmark_metrics(benchmark, per_image, readings)}
+                "aggregate": benchmark_figures(benchmark, per_image, parts)}
     out = {"word_accuracy": _figure([group(i, lambda p: p[0]) for i in prompts]),
            "ned": _figure([group(i, lambda p: p[1]) for i in prompts])}
     for n in sorted({r["regions"] for r in records if r.get("regions")}):
         out[f"word_accuracy/{n} regions"] = _figure([group(i, lambda p: p[0]) for i in prompts if records[i].get("regions") == n])
-    return {**out, "official": benchmark_metrics(benchmark, per_image, readings)}
+    return {**out, "aggregate": benchmark_figures(benchmark, per_image, parts)}
 
 def format_benchmark(result: dict) -> str:
     "The benchmark's table of an evaluation: one row per model, the paper's columns, each figure with its 95 % interval."
@@ -281,7 +282,7 @@ def format_benchmark(result: dict) -> str:
         heads = [c.split("/")[1] if "/" in c else ("average" if c == "word_accuracy" else "NED") for c in cols]
         title = "CVTG-2K (word accuracy by text regions, average; NED)"
     else:
-        cols, lang = ["text_accuracy"], next(iter(rows.values()))["official"]["language"]
+        cols, lang = ["text_accuracy"], next(iter(rows.values()))["aggregate"]["language"]
         heads, title = [f"LongText-Bench {lang.upper()}"], "LongText-Bench (text accuracy)"
     cell = lambda f: f"{f['mean']:.4f} [{f['ci95'][0]:.4f}, {f['ci95'][1]:.4f}]"
     width = max(len(n) for n in rows) + 2

@@ -158,10 +158,10 @@ class GRPOTrainer(FaultTolerance, RunLoop):
         groups = []
         if c.train_ar: groups.append({"params": self.ar_params, "lr": lr_of(c.ar_lr), "name": "ar"})
         if c.train_dit: groups.append({"params": self.dit_params, "lr": lr_of(c.dit_lr), "name": "dit"})
-        if c.optimizer == "adamw": self.optimizer = torch.optim.AdamW(groups, weight_decay=c.weight_decay)
+        if c.optimizer == "adamw": self.optimizer = torch.optim.AdamW(groups, weight_decay=c.weight_decay, eps=c.adam_epsilon)
         else:
             import bitsandbytes as bnb
-            self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=c.weight_decay)
+            self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=c.weight_decay, eps=c.adam_epsilon)
         self.step_count, self.history, self.consecutive_skips, self.skipped_total = 0, [], 0, 0
         self._finishing, self._lowered = False, {}   # the step is updating (see `fit`); batches lowered this step
         self._diversity_warned = False
@@ -347,11 +347,14 @@ def _diversity(self: GRPOTrainer, images) -> float:
 
 @patch
 def _reduce_grads(self: GRPOTrainer, params):
+    "Average the gradients over processes: one all-reduce of a flat buffer per dtype, not one per parameter."
     acc = self.accelerator
     if acc.num_processes == 1: return
-    for p in params:
-        if p.grad is None: p.grad = torch.zeros_like(p)
-        p.grad = acc.reduce(p.grad, reduction="mean")
+    for dtype in dict.fromkeys(p.dtype for p in params):
+        mine = [p for p in params if p.dtype == dtype]
+        flat = acc.reduce(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in mine]),
+                          reduction="mean")
+        for p, g in zip(mine, flat.split([p.numel() for p in mine])): p.grad = g.view_as(p)
 
 @patch
 def _everywhere(self: GRPOTrainer, ok: bool) -> bool:

@@ -1,6 +1,12 @@
 """One GRPO update on a fixed global batch, under however many processes this is launched with (torchrun or plain
-python). Writes the resulting LoRA tensors (and the objective's own adapters: DiffusionNFT's old one, AWM's and DGPO's
-EMA) to argv[1]; argv[3] is the DiT's objective. Used by test_distributed.py."""
+python). Writes the gradients of the first optimiser step after the all-reduce (`grad/...`), the resulting LoRA
+tensors and the objective's own adapters (DiffusionNFT's old one, AWM's and DGPO's EMA) to argv[1]; argv[3] is the
+DiT's objective. Used by test_distributed.py.
+
+Adam's epsilon is 1e-4 here, not 1e-8: a step then moves each weight by a smooth function of its gradient (at most
+lr / eps times the gradient's own change), where with 1e-8 a gradient element near 1e-8, whose value rounding in a
+different summation order changes by a large fraction, moves its weight by anything up to lr. The objectives keep
+their own settings; only their number of noise levels is small, for time."""
 import sys
 
 import torch
@@ -14,7 +20,7 @@ from glm_grpo_nb.policy import GlmImagePolicy
 PROMPTS = ["a red square on a blue background", "a green field", "a gradient from yellow to navy", "a 'HI' sign"]
 # each objective's own settings: its noise levels, its extra state, two inner epochs where an epoch's start matters
 OWN = {"nft": dict(nft_timesteps=2, nft_decay_rate=0.3), "grpo_guard": dict(num_inner_epochs=2),
-       "awm": dict(awm_timesteps=2, awm_ema_coef=0.1, ema_decay_rate=0.3, matching_adv_clip=1.0, num_inner_epochs=2),
+       "awm": dict(awm_timesteps=2, awm_ema_coef=0.1, ema_decay_rate=0.3, num_inner_epochs=2),
        "dgpo": dict(dgpo_timesteps=2, ema_decay_rate=0.3, num_inner_epochs=2)}
 
 if __name__ == "__main__":
@@ -25,7 +31,14 @@ if __name__ == "__main__":
     n_local = len(PROMPTS) // acc.num_processes
     trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=2, prompts_per_step=n_local, height=64, width=64,
                           num_inference_steps=4, sde_window=(0, 2), lr=1e-3, advantage_scale="batch", kl_coef=0.05,
-                          micro_batch_size=3, accelerator=acc, dit_objective=objective, **OWN.get(objective, {}))
+                          micro_batch_size=3, accelerator=acc, dit_objective=objective, adam_epsilon=1e-4,
+                          **OWN.get(objective, {}))
+    trainable = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
+    grads, step = {}, trainer.optimizer.step
+    def first_step(*a, **k):   # the gradients the first optimiser step sees: all-reduced (and clipped)
+        if not grads: grads.update({f"grad/{n}": p.grad.detach().clone() for n, p in trainable if p.grad is not None})
+        return step(*a, **k)
+    trainer.optimizer.step = first_step
     full = trainer.sample(PROMPTS, seed=1234)          # the same global batch on every process
     G = trainer.config.group_size
     mine = full.select(range(acc.process_index * n_local * G, (acc.process_index + 1) * n_local * G))
@@ -34,7 +47,7 @@ if __name__ == "__main__":
     if acc.is_main_process:
         old = {f"{f}/{n}": w.contiguous() for o in trainer.objectives.values()   # e.g. NFT's old adapter
                for f, tensors in o.checkpoint_tensors().items() for n, w in tensors.items()}
-        save_file({**{n: p.detach().contiguous() for n, p in policy.named_parameters() if p.requires_grad}, **old}, out,
+        save_file({**{n: p.detach().contiguous() for n, p in trainable}, **old, **grads}, out,
                   metadata={"reward_std": str(metrics["reward_std"]), "num_processes": str(acc.num_processes)})
     acc.wait_for_everyone()
     if torch.distributed.is_initialized(): torch.distributed.destroy_process_group()   # gloo's threads end before the interpreter does

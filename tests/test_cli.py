@@ -102,7 +102,7 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
     assert b.returncode == 0, b.stderr[-3000:]
     assert "CVTG-2K (word accuracy by text regions, average; NED)" in b.stdout and "2 regions" in b.stdout, b.stdout
     bm = json.loads((tmp_path / "cvtg_eval" / "metrics.json").read_text())
-    assert bm["settings"]["benchmark"] == "cvtg-2k" and bm["models"]["demo"]["benchmark"]["official"]["total_words"] == 4
+    assert bm["settings"]["benchmark"] == "cvtg-2k" and bm["models"]["demo"]["benchmark"]["aggregate"]["total_words"] == 4
     wrong = run(glm_grpo, "evaluate", "--model", str(out / "model"), "--prompts", str(tmp_path / "eval_prompts.txt"),
                 "--benchmark", "cvtg-2k", "--out", str(tmp_path / "wrong"))
     assert wrong.returncode == 2 and "no JSON file" not in wrong.stderr and "read_cvtg2k" in wrong.stderr, wrong.stderr
