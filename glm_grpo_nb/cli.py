@@ -23,7 +23,8 @@ from .hub import check_folder, check_hub_model, check_image_size, mark_folder, m
 
 # %% auto #0
 __all__ = ['DEMO_PROMPTS', 'REWARD_NAMES', 'TRAIN_DEFAULTS', 'ALLOCATOR', 'COMMANDS', 'tiny', 'generate', 'demo',
-           'config_options', 'process_device', 'train', 'serve_reward', 'plan', 'evaluate', 'command_parser', 'main']
+           'config_options', 'process_device', 'train', 'serve_reward', 'plan', 'evaluate', 'push', 'command_parser',
+           'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def tiny(
@@ -161,7 +162,7 @@ def demo(
         if "eval/heldout" in t.history[-1]: heldout[t.step_count] = t.history[-1]["eval/heldout"]
     trainer.fit(steps, log_every=5, callback=log_evals)
     after = trainer.sample(shown, seed=seed + 1)
-    policy.save_adapters(out / "adapters")
+    trainer.save_adapters(out / "adapters")   # with its model card
     trainer.close()
     _report(trainer.history, before, after, evals, out / "report.png", heldout)
     rewards = [h["reward_mean"] for h in trainer.history]
@@ -288,7 +289,7 @@ def train(
         trainer = GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out, accelerator=accelerator)
     trainer.fit(max(0, steps - trainer.step_count))
     trainer.save()
-    policy.save_adapters(Path(out) / "adapters")
+    trainer.save_adapters(Path(out) / "adapters")   # with its model card
     trainer.close()
     print(f"wrote {Path(out) / 'adapters'} and {Path(out) / 'metrics.jsonl'}")
     return 0
@@ -415,10 +416,22 @@ def evaluate(
     print(f"wrote {Path(out) / 'metrics.json'}, {Path(out) / 'samples.csv'} and {Path(out) / 'report.png'}")
     return 0
 
+# %% ../nbs/08_cli.ipynb #9764f18f
+def push(
+    adapters: str = None,   # the adapters folder a run wrote (e.g. runs/train/adapters) (required)
+    repo: str = None,       # Hub model repository, USER/NAME (required)
+    private: bool = False,  # create the repository private
+):
+    "Upload trained adapters with their model card to the Hugging Face Hub."
+    if not adapters or not repo: raise ValueError("push: pass --adapters DIR and --repo USER/NAME.")
+    from glm_grpo_nb.card import push_adapters
+    print(f"uploaded {adapters} to {push_adapters(adapters, repo, private=private)}")
+    return 0
+
 # %% ../nbs/08_cli.ipynb #6970f665
 ALLOCATOR = "expandable_segments:True"   # CUDA memory reserved stays close to what is allocated (see `memory`)
 COMMANDS = {"demo": demo, "train": train, "serve-reward": serve_reward, "plan": plan, "tiny": tiny, "generate": generate,
-            "evaluate": evaluate}
+            "evaluate": evaluate, "push": push}
 
 def _usage():
     lines = [f"glm-grpo {__version__}: GRPO fine-tuning for GLM-Image", "", "usage: glm-grpo COMMAND [options]", "", "commands:"]

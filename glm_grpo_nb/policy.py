@@ -28,8 +28,9 @@ from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GlmImageForConditio
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel
 
 # %% auto #0
-__all__ = ['to_host', 'train_mode', 'quantize_4bit', 'quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds',
-           'generators', 'randn_rows', 'dense_weight', 'merged_weight', 'LowRankLinear', 'apply_adapters']
+__all__ = ['DIT_ADAPTER_FILE', 'DIT_ADAPTER_PLAIN', 'to_host', 'train_mode', 'quantize_4bit', 'quantize_dit_4bit',
+           'GlmImagePolicy', 'mix_seed', 'sample_seeds', 'generators', 'randn_rows', 'dense_weight', 'merged_weight',
+           'LowRankLinear', 'apply_adapters']
 
 # %% ../nbs/02_policy.ipynb #d8758c82
 def _lora_config(spec, targets, what):
@@ -426,6 +427,18 @@ def _prefix_keys(f: Path, prefix: str):
         meta["lora_adapter_metadata"] = json.dumps({prefix + k: v for k, v in cfg.items()}, indent=2, sort_keys=True)
     save_file(state, f, metadata=meta)
 
+DIT_ADAPTER_FILE = "pytorch_lora_weights.safetensors"   # diffusers' LoRA file name, with the LoRA config inside
+DIT_ADAPTER_PLAIN = "pytorch_lora_weights.bin"          # the name load_lora_adapter(folder) looks for unasked
+
+def _write_plain_lora(model: torch.nn.Module, f: Path, prefix: str = "transformer."):
+    "The LoRA tensors of `model`, each B times its layer's scale, as a tensors-only torch file (config-free diffusers layout)."
+    state = get_peft_model_state_dict(model, adapter_name="default")
+    for name, module in model.named_modules():
+        scale = getattr(module, "scaling", {}).get("default") if isinstance(getattr(module, "scaling", None), dict) else None
+        key = f"{name}.lora_B.weight"
+        if scale is not None and key in state: state[key] = state[key] * scale
+    torch.save({prefix + k: v.detach().contiguous().cpu() for k, v in state.items()}, f)
+
 @patch
 def save_adapters(self: GlmImagePolicy, directory: str | Path) -> Path:
     "Write the LoRA adapters (peft format) to `directory/ar` and `directory/dit`, atomically (a new, empty or adapters folder)."
@@ -434,10 +447,13 @@ def save_adapters(self: GlmImagePolicy, directory: str | Path) -> Path:
         raise ValueError("save_adapters: this policy has no adapters; load it with ar_lora= or dit_lora=.")
     with atomic_folder(directory, "adapters", "save_adapters") as tmp:
         # the vocabulary is never trained here, so peft need not look for a base model config to compare it with
-        if self.ar_peft is not None: self.ar_peft.save_pretrained(tmp / "ar", save_embedding_layers=False)
+        if self.ar_peft is not None:
+            self.ar_peft.save_pretrained(tmp / "ar", save_embedding_layers=False)
+            (tmp / "ar" / "README.md").unlink(missing_ok=True)   # peft's blank card; the trainer writes a real one beside ar/
         if self.has_dit_lora:
-            self.transformer.save_lora_adapter(tmp / "dit")
-            _prefix_keys(tmp / "dit" / "pytorch_lora_weights.safetensors", "transformer.")
+            self.transformer.save_lora_adapter(tmp / "dit", weight_name=DIT_ADAPTER_FILE)
+            _prefix_keys(tmp / "dit" / DIT_ADAPTER_FILE, "transformer.")
+            _write_plain_lora(self.transformer, tmp / "dit" / DIT_ADAPTER_PLAIN)
     return directory
 
 def _read_adapter(f: Path, where: str) -> dict:
@@ -451,7 +467,7 @@ def load_adapters(self: GlmImagePolicy, directory: str | Path) -> None:
     "Load adapters written by `save_adapters` into this policy's (same-shaped) adapters: both halves checked, then set."
     directory, staged = Path(directory), []
     parts = [("ar", self.ar_peft, "adapter_model.safetensors"), ("dit", self.transformer if self.has_dit_lora else None,
-                                                                   "pytorch_lora_weights.safetensors")]
+                                                                   DIT_ADAPTER_FILE)]
     for sub, model, fname in parts:
         f = directory / sub / fname
         if model is None:
@@ -496,5 +512,5 @@ def apply_adapters(pipe: GlmImagePipeline, directory: str | Path) -> GlmImagePip
         with _renamed_checkpointing():
             pipe.vision_language_encoder = PeftModel.from_pretrained(pipe.vision_language_encoder, directory / "ar").merge_and_unload()
     if (directory / "dit").is_dir():
-        pipe.transformer.load_lora_adapter(directory / "dit", weight_name="pytorch_lora_weights.safetensors")
+        pipe.transformer.load_lora_adapter(directory / "dit", weight_name=DIT_ADAPTER_FILE)
     return pipe

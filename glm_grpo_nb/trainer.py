@@ -18,6 +18,7 @@ from PIL import Image
 
 from .config import GRPOConfig
 from .data import open_image
+from .card import ModelCard
 from .faults import FaultTolerance
 from .hub import model_size
 from .loss import group_advantages
@@ -109,7 +110,7 @@ class StepResult:
         return {"image/png": base64.b64encode(buf.getvalue()).decode(), "text/plain": repr(self)}
 
 # %% ../nbs/05_trainer.ipynb #becb5b34
-class GRPOTrainer(FaultTolerance, RunLoop):
+class GRPOTrainer(FaultTolerance, RunLoop, ModelCard):
     "Step-through GRPO for GLM-Image's AR model and/or DiT decoder."
     # the step's phases are here; snapshots, out-of-memory retries and signals in `faults`; fit, evaluate, save and
     # resume in `run`; what each half trains with in `objectives`
@@ -348,12 +349,10 @@ def _diversity(self: GRPOTrainer, images) -> float:
 @patch
 def _reduce_grads(self: GRPOTrainer, params):
     "Average the gradients over processes: one all-reduce of a flat buffer per dtype, not one per parameter."
-    acc = self.accelerator
-    if acc.num_processes == 1: return
-    for dtype in dict.fromkeys(p.dtype for p in params):
-        mine = [p for p in params if p.dtype == dtype]
-        flat = acc.reduce(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in mine]),
-                          reduction="mean")
+    if self.accelerator.num_processes == 1: return
+    for mine in [[p for p in params if p.dtype == d] for d in dict.fromkeys(p.dtype for p in params)]:
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in mine])
+        flat = self.accelerator.reduce(flat, reduction="mean")
         for p, g in zip(mine, flat.split([p.numel() for p in mine])): p.grad = g.view_as(p)
 
 @patch

@@ -55,6 +55,10 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "demo"
     assert (out / "adapters" / "ar").is_dir() and (out / "adapters" / "dit").is_dir()
+    card = (out / "adapters" / "README.md").read_text()   # a model card, filled in from the run
+    assert card.startswith("---\nbase_model: zai-org/GLM-Image\n") and "20 steps" in card and "| redness | 1 |" in card
+    p = run(glm_grpo, "push", "--adapters", str(out / "adapters"), "--repo", "me/glm-image-red")   # offline here
+    assert p.returncode == 2 and "offline mode (HF_HUB_OFFLINE=1)" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert Image.open(out / "report.png").size[0] > 500
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     rewards = [row["reward_mean"] for row in rows if "reward_mean" in row]
