@@ -41,3 +41,15 @@ def test_readme_mirrors_index_notebook():
     for cell in nb["cells"]:
         src = "".join(cell["source"]).strip().replace("](images/", "](nbs/images/")  # README sits one folder up
         assert src in readme, f"README.md is missing this index.ipynb cell:\n{src[:200]}"
+
+
+def test_readme_names_files_that_ship():
+    "Every examples/ path the README names is in the repository, so its commands run as written on a clean clone."
+    import re
+    readme = (ROOT / "README.md").read_text()
+    named = set(re.findall(r"examples/[\w./-]*[\w/]", readme))
+    assert {"examples/t2i/prompts.txt", "examples/t2i/target_images", "examples/text_prompts.txt"} <= named, named
+    missing = [p for p in named if not (ROOT / p).exists()]
+    assert not missing, missing
+    prompts = (ROOT / "examples/t2i/prompts.txt").read_text().splitlines()
+    assert sorted(p.name for p in (ROOT / "examples/t2i/target_images").iterdir()) == [f"{i}.png" for i in range(len(prompts))]
