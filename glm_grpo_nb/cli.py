@@ -244,12 +244,17 @@ def train(
     device: str = None,        # torch device (default: the accelerator's, i.e. CUDA if available, one GPU per process)
     allow_changes: str = "",   # on resume: parts that may differ from the checkpoint (model,adapters,dataset,reward)
     reward_wait: float = 600,  # seconds a served reward may be away (restarting, down) before the run stops
+    eval_prompts: str = None,  # prompts (file, folder or Hugging Face dataset id) scored every --eval-every steps, fixed seeds
+    eval_reward: str = None,   # a held-out reward the evaluations also score, NAME[=WEIGHT],... (not trained on)
     **settings,                # GRPOConfig settings given as options (--group-size 4, --sde-window 0 1, ...)
 ):
     "GRPO-train a GLM-Image model's adapters on your prompts and rewards; resumes from `out` if it holds checkpoints."
     for name, v in (("--model", model), ("--prompts", prompts), ("--reward", reward)):
         if not v: raise ValueError(f"train: {name} is required.")
     config = GRPOConfig().replace(**{**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
+    if config.eval_every and not eval_prompts:
+        raise ValueError(f"train: --eval-every {config.eval_every} evaluates on prompts of their own; add --eval-prompts FILE "
+                         "(a prompts file, folder or Hugging Face dataset id), or leave --eval-every out.")
     model = resolve_model(model, "train: --model")
     check_folder(out, "run", "train: --out")
     check_hub_model(model, "train: --model")
@@ -262,10 +267,14 @@ def train(
     from glm_grpo_nb.checkpoint import checkpoints
     from glm_grpo_nb.trainer import GRPOTrainer
     reward_fn = combine(parse_rewards(reward, reward_models, wait=reward_wait))
+    held = combine(parse_rewards(eval_reward, reward_models, wait=reward_wait)) if eval_reward else None
+    def data_of(p, what):
+        hub = not Path(p).expanduser().exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", p) and not targets and not sources
+        return (PromptDataset.from_hub(p, split=split, resize=size) if hub else
+                PromptDataset(_dataset_rows(p, targets, sources) if what == "train" else p, resize=size))
     size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
-    hub_data = not Path(prompts).expanduser().exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", prompts) and not targets and not sources
-    dataset = (PromptDataset.from_hub(prompts, split=split, resize=size) if hub_data else
-               PromptDataset(_dataset_rows(prompts, targets, sources), resize=size))
+    dataset = data_of(prompts, "train")
+    evals = dict(eval_prompts=data_of(eval_prompts, "eval") if eval_prompts else None, eval_reward=held)
     for need, n in dataset.unmet_needs(reward_fn).items():
         raise ValueError(f"train: --reward {reward} compares with {need[:-1]} images, but {n} of {len(dataset)} prompts "
                          f"have one; pass --{need} DIR (an image per prompt line: 0.png, 1.png, ...) or a .jsonl/.csv "
@@ -278,7 +287,7 @@ def train(
                                             device=process_device(device, accelerator), lora_seed=config.seed)
     if checkpoints(Path(out) / "checkpoints"):
         try: trainer = GRPOTrainer.resume(out, policy, reward_fn, dataset, allow_changes=allowed, output_dir=out,
-                                          accelerator=accelerator, **settings)
+                                          accelerator=accelerator, **evals, **settings)
         except ValueError as e:
             raise ValueError(f"{e}\n(--out {out} holds that run: run with the flags it was trained with, pass "
                              "--allow-changes with the parts to change, or use another --out.)") from None
@@ -286,7 +295,7 @@ def train(
         print(f"resumed from step {trainer.step_count} of {out}; " + (f"changed settings: {changed}" if changed else
               "settings as stored"))
     else:
-        trainer = GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out, accelerator=accelerator)
+        trainer = GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out, accelerator=accelerator, **evals)
     trainer.fit(max(0, steps - trainer.step_count))
     trainer.save()
     trainer.save_adapters(Path(out) / "adapters")   # with its model card

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 
 # %% auto #0
-__all__ = ['RENAMED', 'DIT_OBJECTIVES', 'setting', 'renamed_settings', 'deprecated', 'GRPOConfig']
+__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'setting', 'renamed_settings', 'deprecated', 'GRPOConfig']
 
 # %% ../nbs/05a_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
@@ -41,6 +41,9 @@ def deprecated(where: str, old: str, new: str, stacklevel: int = 4):
     _warned.add(old)
     warnings.warn(f"{where}: {old} is now called {new}; the old name still works but will go.", FutureWarning,
                   stacklevel=stacklevel)
+
+# what report_to may name: accelerate's trackers (glm_grpo_nb installs tensorboard with its [trackers] extra)
+TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "all", "none")
 
 # the DiT's objectives by name (glm_grpo_nb.objectives.OBJECTIVES; named here so that the CLI's choices need no torch)
 DIT_OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")
@@ -137,6 +140,11 @@ class GRPOConfig:
     seed: int = setting(0, "everything random derives from (seed, step)")
     max_consecutive_skips: int = setting(3, "skipped (non-finite) updates in a row before training stops")
     keep_results: int = setting(8, "last step results kept in memory, images included, for show_history")
+    report_to: str = setting("none", "trackers to log to, accelerate's names: tensorboard, wandb, trackio, mlflow, comet_ml, "
+                             "aim, clearml, dvclive, swanlab, all or none; several separated by commas (TRL's name)")
+    run_name: str | None = setting(None, "the run's name in the trackers (default: the output folder's name)")
+    log_images_every: int = setting(0, "every n steps, one group's images with their rewards and advantages to "
+                                    "output_dir/samples/ and the trackers (0: never)")
     diversity_warning: float = setting(0.5, "warn once when a step's within-group image diversity falls below this "
                                        "fraction of the first step's (a sign of reward hacking; 0: never)")
 
@@ -153,8 +161,11 @@ class GRPOConfig:
                           ("ar_sample_batch", 1), ("dit_sample_batch", 1), ("eval_every", 0), ("save_every", 0),
                           ("keep_checkpoints", 1), ("seed", 0), ("max_consecutive_skips", 0), ("keep_results", 1),
                           ("nft_timesteps", 1), ("nft_decay_warmup", 0), ("sde_window_every", 1),
-                          ("sde_window_stride", 1), ("awm_timesteps", 1), ("dgpo_timesteps", 1)):
+                          ("sde_window_stride", 1), ("awm_timesteps", 1), ("dgpo_timesteps", 1), ("log_images_every", 0)):
             self._integer(name, low)
+        trackers = [t.strip() for t in str(self.report_to).split(",")]
+        if not isinstance(self.report_to, str) or not set(trackers) <= set(TRACKERS) or ("none" in trackers and len(trackers) > 1):
+            raise self._bad("report_to", f"one or more of {', '.join(TRACKERS)} separated by commas")
         for name, low, strict in (("temperature", 0, True), ("noise_level", 0, False), ("guidance_scale", 0, False),
                                   ("lr", 0, True), ("ar_lr", 0, False), ("dit_lr", 0, False), ("clip_range", 0, True),
                                   ("clip_range_high", 0, True), ("kl_coef", 0, False), ("max_grad_norm", 0, True),

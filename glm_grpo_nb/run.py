@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import warnings
 import weakref
 from pathlib import Path
 
+import numpy as np
 import torch
 from fastcore.basics import patch
 from tqdm.auto import tqdm
@@ -68,12 +70,50 @@ def close(self: RunLoop) -> None:
     if self._lock is not None: self._lock.release()
 
 @patch
+def _start_trackers(self: RunLoop, log_with=None):
+    "Start the trackers `report_to` (or `log_with=`) names, on the accelerator made here or the one given."
+    names = self.config.report_to if log_with is None else log_with
+    names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names or [])
+    if not names or names == ["none"]: return
+    from accelerate.tracking import filter_trackers
+    acc = self.accelerator
+    if acc.logging_dir is None and any(n in ("tensorboard", "all") for n in names):
+        raise ValueError("GRPOTrainer: report_to tensorboard writes under the run's folder; pass output_dir= (or an "
+                         "Accelerator with project_dir=).")
+    acc.log_with = list(dict.fromkeys([*acc.log_with, *filter_trackers(names, acc.logging_dir)]))   # a given accelerator's too
+    run = self.config.run_name or (self.output_dir.name if self.output_dir is not None else "glm_grpo_nb")
+    flat = {k: v for k, v in self.config.to_dict().items() if isinstance(v, (int, float, str, bool))}
+    acc.init_trackers(run, config=flat, init_kwargs={"wandb": {"name": run}})
+
+@patch
 def _log(self: RunLoop, res: StepResult):
-    "Append the step's row to metrics.jsonl and the trackers, then to `history`; a failed write leaves no trace."
+    "Append the step's row (with the learning rates) to metrics.jsonl and the trackers, then to `history`; samples too."
     row = {"step": res.step, **{k: float(v) for k, v in res.metrics.items()},
+           **{f"lr/{g.get('name', i)}": g["lr"] for i, g in enumerate(self.optimizer.param_groups)},
            **{f"seconds/{k}": v for k, v in res.seconds.items()}}
     self._write_row(row)
     self.history.append(row)
+    every = self.config.log_images_every
+    if every and res.step % every == 0: self._log_samples(res)
+
+@patch
+def _log_samples(self: RunLoop, res: StepResult):
+    "The step's first group, each image with its reward and advantage: output_dir/samples/step-NNNNNN.png and the trackers."
+    acc = self.accelerator
+    if not acc.is_main_process or (self.output_dir is None and not acc.trackers): return
+    import io, matplotlib.pyplot as plt
+    from PIL import Image
+    from glm_grpo_nb.widgets import plot_group
+    fig = plot_group(res, max_groups=1, size=2.0, title=f"step {res.step}")
+    buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=80); plt.close(fig)
+    grid = Image.open(buf).convert("RGB")
+    if self.output_dir is not None:
+        path = self.output_dir / "samples" / f"step-{res.step:06d}.png"
+        path.parent.mkdir(exist_ok=True); tmp = path.with_name(f".{path.name}.tmp")
+        grid.save(tmp, format="PNG"); os.replace(tmp, path)
+    for t in acc.trackers:   # each tracker takes images its own way
+        if t.name == "tensorboard": t.log_images({"samples": np.asarray(grid)[None]}, step=res.step, dataformats="NHWC")
+        elif hasattr(t, "log_images"): t.log_images({"samples": [grid]}, step=res.step)
 
 @patch
 def _write_row(self: RunLoop, row: dict):

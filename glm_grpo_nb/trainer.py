@@ -125,7 +125,7 @@ class GRPOTrainer(FaultTolerance, RunLoop, ModelCard):
         eval_prompts=None,           # prompts (or dataset) for `evaluate()`
         eval_reward=None,            # a held-out reward `evaluate()` also scores with (not trained on: shows reward hacking)
         output_dir: str | Path | None = None,  # metrics.jsonl and checkpoints
-        log_with=None,               # accelerate trackers, e.g. "tensorboard" or "wandb"
+        log_with=None,               # accelerate trackers, e.g. "tensorboard" or "wandb" (the same as report_to=)
         accelerator=None,            # an accelerate.Accelerator; default: a new one
         _resuming: bool = False,     # set by `resume` only: output_dir may then hold this run's files
         **settings,                  # GRPOConfig fields, e.g. group_size=4, lr=1e-4
@@ -167,9 +167,7 @@ class GRPOTrainer(FaultTolerance, RunLoop, ModelCard):
         self._finishing, self._lowered = False, {}   # the step is updating (see `fit`); batches lowered this step
         self._diversity_warned = False
         self.results = collections.deque(maxlen=c.keep_results)
-        if log_with:
-            flat = {k: v for k, v in c.to_dict().items() if isinstance(v, (int, float, str, bool))}
-            self.accelerator.init_trackers("glm_grpo_nb", config=flat)
+        self._start_trackers(log_with)
 
     def _default_size(self):
         "(width, height) when not given: the dataset's resize, its first target's size, the model's own, or 1024²."
