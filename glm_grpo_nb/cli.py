@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
 import os
 import re
 import sys
@@ -227,6 +228,32 @@ def process_device(device: str | None, accelerator) -> "torch.device":
     if asked is None or (asked.type == accelerator.device.type and asked.index is None): return accelerator.device
     return asked
 
+def _without(args: list[str], *options: str) -> list[str]:
+    "`args` without the given options and their values (--opt VALUE or --opt=VALUE)."
+    out, skip = [], False
+    for a in args:
+        if skip: skip = False; continue
+        name = a.partition("=")[0].replace("_", "-")
+        if name in options: skip = "=" not in a; continue
+        out.append(a)
+    return out
+
+def _rerun(path: str, out: str) -> int:
+    "Run the glm-grpo train command a run_config.json recorded again, into the new folder `out`."
+    f = Path(path)
+    try: record = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"train: --rerun {f} cannot be read ({e}); pass the run_config.json a run wrote.") from None
+    cmd = record.get("command") or []
+    if len(cmd) < 2 or Path(cmd[0]).name != "glm-grpo" or cmd[1] != "train":
+        raise ValueError(f"train: {f} records a run started by {' '.join(cmd[:2]) or 'Python'}, not glm-grpo train; "
+                         "start it again from Python with GRPOConfig(**settings), its 'settings'.")
+    if Path(out).resolve() == Path(record.get("output_dir", "")).resolve():
+        raise ValueError(f"train: --rerun starts the run again in a new folder, and {out} is the recorded run's; pass --out NEW.")
+    args = [*_without(cmd[2:], "--out", "--rerun"), "--out", str(out)]
+    print("glm-grpo train " + " ".join(args), flush=True)
+    return main(["train", *args])
+
 def train(
     model: str = None,         # GLM-Image folder or hub id (required)
     prompts: str = None,       # prompts file (.txt/.jsonl/.csv), folder, or Hugging Face dataset id (required)
@@ -246,9 +273,11 @@ def train(
     reward_wait: float = 600,  # seconds a served reward may be away (restarting, down) before the run stops
     eval_prompts: str = None,  # prompts (file, folder or Hugging Face dataset id) scored every --eval-every steps, fixed seeds
     eval_reward: str = None,   # a held-out reward the evaluations also score, NAME[=WEIGHT],... (not trained on)
+    rerun: str = None,         # a run's run_config.json: run its glm-grpo train command again, into --out (a new folder)
     **settings,                # GRPOConfig settings given as options (--group-size 4, --sde-window 0 1, ...)
 ):
     "GRPO-train a GLM-Image model's adapters on your prompts and rewards; resumes from `out` if it holds checkpoints."
+    if rerun: return _rerun(rerun, out)
     for name, v in (("--model", model), ("--prompts", prompts), ("--reward", reward)):
         if not v: raise ValueError(f"train: {name} is required.")
     config = GRPOConfig().replace(**{**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work

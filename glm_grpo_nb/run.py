@@ -31,7 +31,7 @@ from .policy import GlmImagePolicy
 from .rewards import evaluate_reward
 
 # %% auto #0
-__all__ = ['RunLoop', 'FitSummary']
+__all__ = ['RUN_CONFIG', 'PACKAGES', 'RunLoop', 'FitSummary']
 
 # %% ../nbs/05e_run.ipynb #b2e00006
 class RunLoop:
@@ -63,6 +63,27 @@ def _claim_output_dir(self: RunLoop, resuming: bool):
         self._lock.release()
         raise ValueError(f"GRPOTrainer: output_dir {d} already holds a run (metrics.jsonl or checkpoints); continue "
                          f"it with GRPOTrainer.resume({str(d)!r}, ...), or pass a new output_dir.")
+    if not (d / RUN_CONFIG).exists(): self._write_run_config()   # a resumed run keeps the record of how it began
+
+RUN_CONFIG = "run_config.json"
+PACKAGES = ("torch", "transformers", "diffusers", "peft", "bitsandbytes", "accelerate", "glm_grpo_nb")
+
+@patch
+def _write_run_config(self: RunLoop):
+    "output_dir/run_config.json: every setting, the command line, package versions, the device, the model, data and rewards."
+    import datetime, importlib.metadata, platform
+    def version(p):
+        try: return importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError: return None
+    dev = self.policy.device
+    record = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": list(sys.argv), "output_dir": str(self.output_dir), "settings": self.config.to_dict(),
+              "versions": {"python": platform.python_version(), **{p: version(p) for p in PACKAGES}},
+              "device": str(dev), "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+              "num_processes": self.accelerator.num_processes, "run": self._run_identity(),
+              "data": {"rows": len(self.dataset), "fingerprint": self.dataset.fingerprint(), "origin": self.dataset.origin}}
+    f = self.output_dir / RUN_CONFIG; tmp = f.with_name(f".{f.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=str)); os.replace(tmp, f)
 
 @patch
 def close(self: RunLoop) -> None:

@@ -48,3 +48,26 @@ def test_eval_every_needs_eval_prompts(glm_grpo, tiny_path, tmp_path):
     r = run(glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt"), "--reward", "redness",
             "--report-to", "tensorbored", "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and "report_to must be one or more of tensorboard" in r.stderr, r.stderr
+
+
+def test_run_config_records_the_run_and_reruns_it(glm_grpo, tiny_path, tmp_path):
+    "run_config.json holds the settings, command line, versions and data digest; --rerun makes the same run elsewhere."
+    (tmp_path / "p.txt").write_text("a red square\na blue field\n")
+    first = [glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt"), "--reward", "redness",
+             "--steps", "2", "--group-size", "2", "--prompts-per-step", "2", "--num-inference-steps", "4",
+             "--ar-lora", "4", "--dit-lora", "4", "--lr", "3e-3", "--out", str(tmp_path / "one")]
+    r = run(*first)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = json.loads((tmp_path / "one" / "run_config.json").read_text())
+    assert rec["command"][1:] == first[1:] and rec["settings"]["lr"] == 3e-3 and rec["settings"]["group_size"] == 2
+    assert {"python", "torch", "transformers", "diffusers", "peft", "bitsandbytes", "accelerate", "glm_grpo_nb"} <= set(rec["versions"])
+    assert all(rec["versions"].values()) and rec["gpu"] is None and rec["num_processes"] == 1
+    assert rec["data"]["rows"] == 2 and len(rec["data"]["fingerprint"]) >= 8 and rec["run"]["reward"]["reward_fn"] == "redness"
+    again = run(glm_grpo, "train", "--rerun", str(tmp_path / "one" / "run_config.json"), "--out", str(tmp_path / "two"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = lambda d: [json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+    same = lambda row: {k: v for k, v in row.items() if not k.startswith("seconds/")}
+    assert [same(x) for x in rows("one")] == [same(x) for x in rows("two")]   # the same run, step for step
+    assert json.loads((tmp_path / "two" / "run_config.json").read_text())["settings"] == rec["settings"]
+    bad = run(glm_grpo, "train", "--rerun", str(tmp_path / "one" / "run_config.json"), "--out", str(tmp_path / "one"))
+    assert bad.returncode == 2 and "pass --out NEW" in bad.stderr, bad.stderr
