@@ -274,6 +274,9 @@ def train(
     eval_prompts: str = None,  # prompts (file, folder or Hugging Face dataset id) scored every --eval-every steps, fixed seeds
     eval_reward: str = None,   # a held-out reward the evaluations also score, NAME[=WEIGHT],... (not trained on)
     rerun: str = None,         # a run's run_config.json: run its glm-grpo train command again, into --out (a new folder)
+    prompt_column: str = "prompt",  # the prompts' column in a .jsonl/.csv file or Hugging Face dataset (DrawBench: Prompts)
+    target_column: str = "target",  # the target images' column
+    source_column: str = "source",  # the source images' column (i2i)
     **settings,                # GRPOConfig settings given as options (--group-size 4, --sde-window 0 1, ...)
 ):
     "GRPO-train a GLM-Image model's adapters on your prompts and rewards; resumes from `out` if it holds checkpoints."
@@ -297,10 +300,11 @@ def train(
     from glm_grpo_nb.trainer import GRPOTrainer
     reward_fn = combine(parse_rewards(reward, reward_models, wait=reward_wait))
     held = combine(parse_rewards(eval_reward, reward_models, wait=reward_wait)) if eval_reward else None
+    columns = dict(prompt_column=prompt_column, target_column=target_column, source_column=source_column)
     def data_of(p, what):
         hub = not Path(p).expanduser().exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", p) and not targets and not sources
-        return (PromptDataset.from_hub(p, split=split, resize=size) if hub else
-                PromptDataset(_dataset_rows(p, targets, sources) if what == "train" else p, resize=size))
+        return (PromptDataset.from_hub(p, split=split, resize=size, **columns) if hub else
+                PromptDataset(_dataset_rows(p, targets, sources) if what == "train" else p, resize=size, **columns))
     size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
     dataset = data_of(prompts, "train")
     evals = dict(eval_prompts=data_of(eval_prompts, "eval") if eval_prompts else None, eval_reward=held)

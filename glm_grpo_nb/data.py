@@ -41,7 +41,7 @@ def open_image(p: Path | Image.Image):
     else:
         with Image.open(p) as im: yield im
 
-def _rows_from_file(path: Path):
+def _rows_from_file(path: Path, prompt_column: str = "prompt"):
     "Rows (line number, dict) of a .txt, .jsonl or .csv file; paths relative to the file."
     suffix = path.suffix.lower()
     text = path.read_text(encoding="utf-8")
@@ -57,8 +57,9 @@ def _rows_from_file(path: Path):
         return rows
     if suffix == ".csv":
         reader = csv.DictReader(text.splitlines())
-        if reader.fieldnames is None or "prompt" not in reader.fieldnames:
-            raise ValueError(f"{path}: a CSV needs a header row with a 'prompt' column (and optional 'target', 'source').")
+        if reader.fieldnames is None or prompt_column not in reader.fieldnames:
+            raise ValueError(f"{path}: a CSV needs a header row with a {prompt_column!r} column (and optional 'target', "
+                             f"'source'); its columns are {reader.fieldnames}. Name the prompt column with prompt_column=.")
         return [(i + 2, dict(r)) for i, r in enumerate(reader)]
     raise ValueError(f"{path}: unsupported file type {suffix!r}; use .txt, .jsonl or .csv, or a folder with prompts.txt.")
 
@@ -116,21 +117,22 @@ def _collect_folder(p: Path):
     return rows
 
 # %% ../nbs/04_data.ipynb #da7a0005
-def _collect(data):
+def _collect(data, prompt_column: str = "prompt"):
     "Rows (where, dict) of `data`, the folder relative image paths start from, and the file or folder read (or None)."
     if isinstance(data, (str, Path)):
         p = Path(data).expanduser()
         if not p.exists():
             raise ValueError(f"PromptDataset: {p} does not exist; pass a prompts file, a folder or a list of prompts.")
         if p.is_dir(): return _collect_folder(p), p, str(p)
-        return [(f"{p.name}:{i}", d) for i, d in _rows_from_file(p)], p.parent, str(p)
+        return [(f"{p.name}:{i}", d) for i, d in _rows_from_file(p, prompt_column)], p.parent, str(p)
     if type(data).__module__.startswith("datasets."):   # a Hugging Face dataset (the optional `datasets` package)
         if not hasattr(data, "column_names") or isinstance(data.column_names, dict):
             raise ValueError("PromptDataset: pass one split of a Hugging Face dataset (e.g. ds['train']), not "
                              f"a {type(data).__name__}.")
-        if "prompt" not in data.column_names:
-            raise ValueError(f"PromptDataset: the dataset has columns {data.column_names}; it needs a 'prompt' column "
-                             "(and optional 'target', 'source'). Rename one with ds.rename_column(old, 'prompt').")
+        if prompt_column not in data.column_names:
+            raise ValueError(f"PromptDataset: the dataset has columns {data.column_names}; it needs a {prompt_column!r} "
+                             "column (and optional 'target', 'source'). Name its prompt column with prompt_column= "
+                             "(glm-grpo train --prompt-column).")
         return [(f"row {i}", dict(d)) for i, d in enumerate(data)], Path.cwd(), getattr(data, "info", None) and data.info.dataset_name
     if isinstance(data, (list, tuple)):
         rows = [(f"item {i}", {"prompt": d} if isinstance(d, str) else d) for i, d in enumerate(data)]
@@ -170,10 +172,17 @@ class PromptDataset:
         data,                       # prompts or dicts, a .txt/.jsonl/.csv file or folder, or a Hugging Face dataset
         resize: bool | tuple[int, int] = False,  # (width, height) to resize to; True: the first target's size, rounded to 32
         check_images: bool = True,  # open every image now (slower for big datasets, but errors come early)
+        prompt_column: str = "prompt",   # the column holding the prompt (DrawBench's is "Prompts")
+        target_column: str = "target",   # the column holding the target image
+        source_column: str = "source",   # the column holding the source image(s)
     ):
-        rows, base, self.origin = _collect(data)
+        rows, base, self.origin = _collect(data, prompt_column)
         self.examples, errors = [], []
+        named = {"prompt": prompt_column, "target": target_column, "source": source_column}
         for where, d in rows:
+            if any(v != k for k, v in named.items()):   # the data's own column names become ours
+                d = {**{k: v for k, v in d.items() if k not in named.values()},
+                     **{k: d[v] for k, v in named.items() if v in d}}
             ex, errs = _example(where, d, base)
             errors += errs
             if ex is not None: self.examples.append(ex)
@@ -249,6 +258,7 @@ class PromptDataset:
 
     @classmethod
     def from_hub(cls, path_or_id: str, split: str = "train", resize: bool | tuple[int, int] = False,
+                 prompt_column: str = "prompt", target_column: str = "target", source_column: str = "source",
                  **load_kwargs) -> "PromptDataset":
         "A split of a Hugging Face dataset (hub id or local dataset folder) with prompt/target/source columns."
         try: import datasets
@@ -258,4 +268,4 @@ class PromptDataset:
         except Exception as e:
             raise ValueError(f"PromptDataset.from_hub: cannot load split {split!r} of {path_or_id} "
                              f"({type(e).__name__}: {str(e)[:200]}); check the name, the split and your connection.") from None
-        return cls(ds, resize=resize)
+        return cls(ds, resize=resize, prompt_column=prompt_column, target_column=target_column, source_column=source_column)

@@ -71,3 +71,15 @@ def test_run_config_records_the_run_and_reruns_it(glm_grpo, tiny_path, tmp_path)
     assert json.loads((tmp_path / "two" / "run_config.json").read_text())["settings"] == rec["settings"]
     bad = run(glm_grpo, "train", "--rerun", str(tmp_path / "one" / "run_config.json"), "--out", str(tmp_path / "one"))
     assert bad.returncode == 2 and "pass --out NEW" in bad.stderr, bad.stderr
+
+
+def test_train_reads_a_dataset_with_its_own_column_names(glm_grpo, tiny_path, tmp_path):
+    "DrawBench's prompt column is 'Prompts': --prompt-column names it; without it the error lists the columns."
+    (tmp_path / "drawbench.csv").write_text("Prompts,Category\nA red colored car.,Colors\nA blue cube.,Colors\n")
+    args = [glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(tmp_path / "drawbench.csv"), "--reward",
+            "redness", "--steps", "1", "--group-size", "2", "--prompts-per-step", "2", "--num-inference-steps", "4"]
+    r = run(*args, "--out", str(tmp_path / "no"))
+    assert r.returncode == 2 and "its columns are ['Prompts', 'Category']" in r.stderr, r.stderr[-2000:]
+    r = run(*args, "--prompt-column", "Prompts", "--out", str(tmp_path / "yes"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "yes" / "run_config.json").read_text())["data"]["rows"] == 2
