@@ -95,18 +95,18 @@ class ModelCard:
     "The trainer's adapters with their model card (a base of GRPOTrainer)."
     def save_adapters(self, directory: str | Path, evaluation: str | Path | None = None) -> Path:
         "The policy's adapters in `directory`, with a model card (README.md), the last step's groups and an evaluation's table."
-        return _save_with_card(self, directory, evaluation)
-
-def _save_with_card(self, directory, evaluation) -> Path:
-    result = image = None
-    if evaluation is not None:   # checked before anything is written
-        ev = Path(evaluation)
-        if not (ev / "metrics.json").is_file():
+        ev = None if evaluation is None else Path(evaluation)
+        if ev is not None and not (ev / "metrics.json").is_file():   # checked on every process, before anything is written
             raise ValueError(f"save_adapters: {ev} holds no metrics.json; pass the out= folder of evaluate_model "
                              "(glm-grpo evaluate --out), or leave evaluation out.")
-        result = json.loads((ev / "metrics.json").read_text())
+        if self.accelerator.is_main_process: _save_with_card(self, Path(directory), ev)   # written once
+        self.accelerator.wait_for_everyone()
+        return Path(directory)
+
+def _save_with_card(self, directory: Path, ev: Path | None):
+    result, image = (None, None) if ev is None else (json.loads((ev / "metrics.json").read_text()), None)
     directory = self.policy.save_adapters(directory)
-    if evaluation is not None:
+    if ev is not None:
         if (ev / "report.png").is_file():
             _write_atomic(directory / "evaluation.png", lambda t: shutil.copyfile(ev / "report.png", t)); image = "evaluation.png"
     samples = None

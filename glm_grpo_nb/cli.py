@@ -312,8 +312,12 @@ def train(
         raise ValueError(f"train: --reward {reward} compares with {need[:-1]} images, but {n} of {len(dataset)} prompts "
                          f"have one; pass --{need} DIR (an image per prompt line: 0.png, 1.png, ...) or a .jsonl/.csv "
                          f"prompts file with a '{need[:-1]}' column.")
+    import torch
     from accelerate import Accelerator
-    accelerator = Accelerator(project_dir=out)   # first: under accelerate launch each process has its own GPU
+    # first: under accelerate launch each process has its own GPU; without one (or with --device cpu) the processes
+    # join over gloo, which accelerate only sets up when told cpu=True (otherwise each would run alone)
+    cpu = not torch.cuda.is_available() or (device is not None and torch.device(device).type == "cpu")
+    accelerator = Accelerator(project_dir=out, cpu=cpu)
     policy = GlmImagePolicy.from_pretrained(model, load_in_4bit=load_in_4bit,
                                             ar_lora=ar_lora if config.train_ar else None,
                                             dit_lora=dit_lora if config.train_dit else None,
@@ -333,7 +337,7 @@ def train(
     trainer.save()
     trainer.save_adapters(Path(out) / "adapters")   # with its model card
     trainer.close()
-    print(f"wrote {Path(out) / 'adapters'} and {Path(out) / 'metrics.jsonl'}")
+    if accelerator.is_main_process: print(f"wrote {Path(out) / 'adapters'} and {Path(out) / 'metrics.jsonl'}")
     return 0
 
 def __getattr__(name: str):

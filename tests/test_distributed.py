@@ -89,3 +89,25 @@ def test_signal_to_one_process_stops_all_after_the_same_step(tiny_path, tmp_path
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000002"]
     assert [json.loads(l)["step"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     assert not (tmp_path / "run" / "run.lock").exists()
+
+
+def test_accelerate_launch_of_the_cli_equals_one_process(glm_grpo, tiny_path, tmp_path):
+    "`accelerate launch` with the shipped multi-GPU config, 2 processes (on the CPU, over gloo), equals one process."
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "p.txt").write_text("a red square\na blue field\na green circle\na yellow sun\n")
+    common = ["train", "--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt"), "--reward", "redness", "--steps", "2",
+              "--group-size", "2", "--num-inference-steps", "4", "--ar-lora", "4", "--dit-lora", "4", "--lr", "3e-3",
+              "--adam-epsilon", "1e-4"]   # a smooth step: see ddp_update.py
+    run([glm_grpo, *common, "--prompts-per-step", "2", "--out", str(tmp_path / "one")])
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    run([accelerate, "launch", "--config_file", str(root / "examples" / "accelerate" / "multi_gpu.yaml"), "--num_processes", "2",
+         "--main_process_port", str(free_port()), glm_grpo, *common, "--prompts-per-step", "1", "--out", str(tmp_path / "two")])
+    import json
+    assert json.loads((tmp_path / "two" / "run_config.json").read_text())["num_processes"] == 2
+    for half, f in (("ar", "adapter_model.safetensors"), ("dit", "pytorch_lora_weights.safetensors")):
+        a, b = (load_file(tmp_path / d / "adapters" / half / f) for d in ("one", "two"))
+        assert a.keys() == b.keys() and len(a) > 0
+        for k in a: assert torch.allclose(a[k], b[k], atol=1e-6), (k, (a[k] - b[k]).abs().max())
+    rows = lambda d: [json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+    assert [round(r["reward_mean"], 5) for r in rows("one")] == [round(r["reward_mean"], 5) for r in rows("two")]
+    assert (tmp_path / "two" / "adapters" / "README.md").is_file()   # written once, by the main process
