@@ -15,7 +15,7 @@ from pathlib import Path
 from .rewards import reward_name
 
 # %% auto #0
-__all__ = ['BASE_MODEL', 'CARD_TAGS', 'model_card', 'ModelCard', 'push_adapters']
+__all__ = ['BASE_MODEL', 'CARD_TAGS', 'model_card', 'ModelCard', 'add_evaluation', 'push_adapters']
 
 # %% ../nbs/05f_card.ipynb #e1c4d0de
 BASE_MODEL = "zai-org/GLM-Image"
@@ -34,12 +34,18 @@ def _hub_id(source) -> str | None:
     s = str(source or "")
     return s if re.fullmatch(r"[\w.-]+/[\w.-]+", s) and not Path(s).exists() else None
 
-# %% ../nbs/05f_card.ipynb #b8fa8484
+# %% ../nbs/05f_card.ipynb #df1366b5
+def _evaluation_section(evaluation: dict, image: str | None = None) -> list[str]:
+    "The card's lines for an evaluation (evaluate_model's result): its table, and its side-by-side report."
+    from glm_grpo_nb.evaluation import format_metrics
+    return (["## Evaluation", "", f"Base model and adapters on the same {evaluation['settings']['prompt_count']} prompts "
+             "and seeds (`glm-grpo evaluate`), each mean with its 95 % interval:", "", "```", format_metrics(evaluation),
+             "```", ""] + ([f"![base and adapters side by side]({image})", ""] if image else []))
+
 def model_card(trainer, evaluation: dict | None = None, samples_image: str | None = None,
                evaluation_image: str | None = None) -> str:
     "The README.md of a trained adapter folder: Hub metadata, how it was trained, what it scored, how to load it."
     import glm_grpo_nb
-    from glm_grpo_nb.evaluation import format_metrics
     c, p = trainer.config, trainer.policy
     base = _hub_id(p.source) or BASE_MODEL
     i2i = any(e.sources for e in trainer.dataset.examples)
@@ -66,11 +72,7 @@ def model_card(trainer, evaluation: dict | None = None, samples_image: str | Non
              *[f"| {h} | {o} | {l} | {r:g} |" for h, o, l, r in halves], "",
              "## Rewards", "", "| reward | weight | scores |", "|---|---|---|",
              *[f"| {n} | {w:g} | {who} |" for who, fn in rewards for n, w in _reward_parts(fn)], ""]
-    if evaluation is not None:
-        lines += ["## Evaluation", "", f"Base model and adapters on the same {evaluation['settings']['prompt_count']} prompts "
-                  "and seeds (`glm-grpo evaluate`), each mean with its 95 % interval:", "", "```",
-                  format_metrics(evaluation), "```", ""]
-        if evaluation_image: lines += [f"![base and adapters side by side]({evaluation_image})", ""]
+    if evaluation is not None: lines += _evaluation_section(evaluation, evaluation_image)
     if samples_image:
         lines += ["## The last training step", "", "Each image with its reward r and its advantage A within its group:", "",
                   f"![the last step's groups]({samples_image})", ""]
@@ -120,7 +122,21 @@ def _save_with_card(self, directory: Path, ev: Path | None):
     _write_atomic(directory / "README.md", lambda t: t.write_text(card, encoding="utf-8"))
     return directory
 
-# %% ../nbs/05f_card.ipynb #e9144c28
+# %% ../nbs/05f_card.ipynb #62a063ae
+def add_evaluation(adapters: str | Path, evaluation: dict, report: str | Path | None = None) -> bool:
+    "Put `evaluation` (evaluate_model's result) and its report into the model card of `adapters`; False if it has none of ours."
+    f = Path(adapters) / "README.md"
+    if not f.is_file() or "- glm_grpo_nb" not in f.read_text(encoding="utf-8"): return False
+    image = None
+    if report is not None and Path(report).is_file():
+        _write_atomic(f.parent / "evaluation.png", lambda t: shutil.copyfile(report, t)); image = "evaluation.png"
+    text = re.sub(r"## Evaluation\n.*?(?=## )", "", f.read_text(encoding="utf-8"), flags=re.S)   # an earlier one goes
+    at = min(i for i in (text.find("## The last training step"), text.find("## Use"), len(text)) if i >= 0)
+    section = "\n".join(_evaluation_section(evaluation, image)) + "\n"
+    _write_atomic(f, lambda t: t.write_text(text[:at] + section + text[at:], encoding="utf-8"))
+    return True
+
+# %% ../nbs/05f_card.ipynb #e96b5d01
 def push_adapters(adapters: str | Path, repo: str, private: bool = False, token: str | None = None) -> str:
     "Upload an adapter folder (ar/, dit/, README.md) to the Hub model repository `repo`; returns its URL."
     folder = Path(adapters)

@@ -460,6 +460,7 @@ def evaluate(
                          ocr_min_confidence=ocr_min_confidence)
     print(format_metrics(res))
     print(f"wrote {Path(out) / 'metrics.json'}, {Path(out) / 'samples.csv'} and {Path(out) / 'report.png'}")
+    for card in res.get("cards", []): print(f"put the table into the model card {Path(card) / 'README.md'}")
     return 0
 
 # %% ../nbs/08_cli.ipynb #9764f18f

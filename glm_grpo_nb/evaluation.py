@@ -380,9 +380,12 @@ def evaluate_model(
     result = {"settings": {**settings, "metrics": [m if isinstance(m, str) else getattr(m, "name", type(m).__name__)
                                                    for m in metrics], "prompt_count": len(rows), "benchmark": benchmark,
                            "ocr_min_confidence": ocr_min_confidence}, "models": summary}
-    (out / "metrics.json").write_text(json.dumps(result, indent=1))
     _write_csv(out / "samples.csv", scored, rows, samples_per_prompt, seed, paths)
     _report(out / "report.png", summary, scored, rows, paths, samples_per_prompt)
+    if models is None:   # each adapter folder scored carries this table in its model card
+        from glm_grpo_nb.card import add_evaluation
+        result["cards"] = [s for n, s in sources.items() if n != "base" and add_evaluation(s, result, out / "report.png")]
+    (out / "metrics.json").write_text(json.dumps(result, indent=1))
     return result
 
 def format_metrics(result: dict) -> str:

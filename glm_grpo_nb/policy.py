@@ -437,7 +437,7 @@ def _write_plain_lora(model: torch.nn.Module, f: Path, prefix: str = "transforme
         scale = getattr(module, "scaling", {}).get("default") if isinstance(getattr(module, "scaling", None), dict) else None
         key = f"{name}.lora_B.weight"
         if scale is not None and key in state: state[key] = state[key] * scale
-    torch.save({prefix + k: v.detach().contiguous().cpu() for k, v in state.items()}, f)
+    torch.save({prefix + k: to_host(v).contiguous() for k, v in state.items()}, f)
 
 @patch
 def save_adapters(self: GlmImagePolicy, directory: str | Path) -> Path:

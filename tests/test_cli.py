@@ -90,9 +90,12 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
     assert demo["redness"]["mean"] > base["redness"]["mean"], (base["redness"], demo["redness"])   # trained towards red
     assert "base (4 images, 2 with text): word_accuracy" in e.stdout and Image.open(tmp_path / "eval" / "report.png")
     assert len((tmp_path / "eval" / "samples.csv").read_text().splitlines()) == 1 + 8
+    card = (out / "adapters" / "README.md").read_text()   # the adapters' card now carries the table
+    assert "## Evaluation" in card and "demo (4 images, 2 with text)" in card and (out / "adapters" / "evaluation.png").is_file()
     made = {p: p.stat().st_mtime_ns for p in (tmp_path / "eval" / "images").rglob("*.png")}
     again = run(*ev)
     assert again.returncode == 0 and again.stdout == e.stdout, again.stderr[-2000:]
+    assert (out / "adapters" / "README.md").read_text().count("## Evaluation") == 1   # replaced, not added again
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "eval" / "images").rglob("*.png")} == made
     bad = run(*ev[:-1], str(tmp_path / "eval"), "--seed", "3")
     assert bad.returncode == 2 and "seed differ" in bad.stderr and "Traceback" not in bad.stderr

@@ -24,6 +24,7 @@ def test_tensorboard_holds_scalars_evaluations_and_images(glm_grpo, tiny_path, t
             "--eval-every", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in (out / "samples").iterdir()) == ["step-000000.png", "step-000002.png"]
+    assert json.loads((out / "run_config.json").read_text())["settings"]["report_to"] == "tensorboard"
     assert Image.open(out / "samples" / "step-000002.png").size[0] > 100
     runs = list((out / "red").glob("events.out.tfevents.*"))   # the run's name; its settings sit in a folder below
     assert len(runs) == 1 and list((out / "red").rglob("hparams.yml")), list(out.rglob("*"))
