@@ -52,9 +52,9 @@ def model_card(trainer, evaluation: dict | None = None, samples_image: str | Non
     seen = trainer.step_count * c.prompts_per_step * c.group_size * trainer.accelerator.num_processes
     lr = lambda half: c.lr if getattr(c, f"{half}_lr") is None else getattr(c, f"{half}_lr")
     halves = []
-    if c.train_ar: halves.append(("AR (`vision_language_encoder`, 9B)", f"token-level GRPO (clip {c.clip_range}, KL {c.kl_coef})",
+    if c.train_ar: halves.append(("AR (`vision_language_encoder`)", f"token-level GRPO (clip {c.clip_range}, KL {c.kl_coef})",
                                   _lora(p.ar_peft), lr("ar")))
-    if c.train_dit: halves.append(("DiT (`transformer`, 7B)", f"{c.dit_objective} ({c.num_inference_steps} denoising steps)",
+    if c.train_dit: halves.append(("DiT (`transformer`)", f"{c.dit_objective} ({c.num_inference_steps} denoising steps)",
                                    _lora(p.transformer if p.has_dit_lora else None), lr("dit")))
     rewards = ([("both halves", trainer.reward_fn)] if c.mode != "decoupled" else
                [("AR", trainer.ar_reward_fn), ("DiT", trainer.dit_reward_fn)])
