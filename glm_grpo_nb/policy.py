@@ -20,6 +20,7 @@ import torch
 from fastcore.basics import patch
 from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from peft.tuners.lora import LoraLayer
+from peft.tuners.tuners_utils import cast_adapter_dtype
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
@@ -124,6 +125,7 @@ class GlmImagePolicy(torch.nn.Module):
                 self.ar_peft.eval()
             if dit_cfg is not None:
                 transformer.add_adapter(dit_cfg)
+                cast_adapter_dtype(transformer, "default")   # float32 whatever the base, as peft makes the AR's
                 transformer.eval()
         if gradient_checkpointing: transformer.enable_gradient_checkpointing()
         for m in self.modules():

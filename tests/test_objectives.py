@@ -61,3 +61,26 @@ def test_a_failed_step_restores_the_objective(tiny_path, tmp_path, objective):
     with pytest.raises(OSError): t.step()
     assert same(before, state(t)) and t.step_count == 1
     t.close()
+
+
+@pytest.mark.parametrize("objective", ["flow_grpo", "nft", "dgpo"])
+def test_bf16_base_trains_float32_adapters(tiny_path, objective):
+    "On a bf16 base the adapters, their optimiser state and the objective's copies are float32, so steps below bf16's resolution count."
+    policy = GlmImagePolicy.from_pretrained(tiny_path, ar_lora=4, dit_lora=4, torch_dtype=torch.bfloat16, device="cpu", verbose=False)
+    lora = lambda: {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad and "transformer." in n}
+    trainer = GRPOTrainer(policy, RednessReward(), ["a red square", "a blue field"], group_size=2, prompts_per_step=2,
+                          height=64, width=64, num_inference_steps=4, lr=1e-6, seed=0, dit_objective=objective,
+                          **({"nft_timesteps": 2} if objective == "nft" else {"dgpo_timesteps": 2} if objective == "dgpo" else {}))
+    trainer.fit(1, progress=False)   # B leaves zero; A's gradients start at the next step
+    before = lora()
+    trainer.fit(1, progress=False)
+    after = lora()
+    assert {p.dtype for p in policy.parameters() if p.requires_grad} == {torch.float32}
+    assert {s.dtype for st in trainer.optimizer.state.values() for s in st.values() if torch.is_tensor(s) and s.ndim} == {torch.float32}
+    copies = [t for o in trainer.objectives.values() for ts in o.checkpoint_tensors().values() for t in ts.values()]
+    assert all(t.dtype == torch.float32 for t in copies) and (objective == "flow_grpo" or copies)
+    A = [n for n in before if "lora_A" in n]
+    moved = max((after[n] - before[n]).abs().max().item() for n in A)
+    assert 0 < moved < 3e-5, moved                      # A moved, by less than half a bf16 step at |A| ~ 0.01
+    kept = sum((after[n].to(torch.bfloat16) != before[n].to(torch.bfloat16)).sum().item() for n in A)
+    assert kept < 0.05 * sum(before[n].numel() for n in A), kept   # in bf16 nearly all of it would have rounded away
