@@ -392,21 +392,25 @@ def _flags(change: dict) -> str:
         else: out.append(f"{opt} {v:g}" if isinstance(v, float) else f"{opt} {v}")
     return " ".join(out)
 
+# glm-grpo plan answers for glm-grpo train's own defaults: the settings' and train's, read from them
+_TRAINED = {f.name: f.default for f in dataclasses.fields(GRPOConfig)} | TRAIN_DEFAULTS
+_TRAIN = inspect.signature(train).parameters
+
 def plan(
     height: int = 1024,        # image height
     width: int = 1024,         # image width
-    group_size: int = 4,       # samples per prompt
-    prompts_per_step: int = 2, # prompts per step per GPU
-    load_in_4bit: bool = True, # NF4 base weights
-    lora_rank: int = 16,       # LoRA rank
+    group_size: int = _TRAINED["group_size"],  # samples per prompt
+    prompts_per_step: int = _TRAINED["prompts_per_step"],  # prompts per step per GPU
+    load_in_4bit: bool = _TRAIN["load_in_4bit"].default,  # NF4 base weights (glm-grpo train --load-in-4bit)
+    lora_rank: int = _TRAIN["ar_lora"].default,  # LoRA rank
     train: str = "both",       # ar, dit or both
     gradient_checkpointing: bool = True,  # recompute activations in backward (much less memory, slower)
-    micro_batch_size: int = 1, # samples per forward/backward
-    num_inference_steps: int = 10,  # denoising steps
-    sde_window: list[int] = None,  # the stochastic (trained) steps, e.g. 0 1 (default: the first quarter)
-    guidance_scale: float = 1.5,  # DiT guidance (<= 1: one branch)
-    dit_objective: str = "flow_grpo",  # the DiT's objective (as glm-grpo train's --dit-objective)
-    decode_batch: int = 2,     # images the VAE decodes at once
+    micro_batch_size: int = _TRAINED["micro_batch_size"],  # samples per forward/backward (default: all of a step's)
+    num_inference_steps: int = _TRAINED["num_inference_steps"],  # denoising steps
+    sde_window: list[int] = _TRAINED["sde_window"],  # the stochastic (trained) steps, e.g. 0 1 (default: the first quarter)
+    guidance_scale: float = _TRAINED["guidance_scale"],  # DiT guidance (<= 1: one branch; default: the objective's)
+    dit_objective: str = _TRAINED["dit_objective"],  # the DiT's objective (as glm-grpo train's --dit-objective)
+    decode_batch: int = _TRAINED["decode_batch"],  # images the VAE decodes at once
     sampling_copy: bool = True,  # a copy of the AR's language model samples the tokens (fast; about 18 GB under 4-bit)
     reward_model_params: int = 0,  # parameters of reward models on the GPU
     budget_gb: float = 80.0,   # GPU memory in GB

@@ -6,18 +6,19 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import torch
 
-from .config import deprecated
+from .config import GRPOConfig, deprecated
 from .objectives import objective_class
 from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, check_image_size, lora_targeted, sde_steps, token_grid
 
 # %% auto #0
-__all__ = ['GB', 'DTYPE_BYTES', 'nf4_linear_bytes', 'module_weight_bytes', 'ar_quantized', 'dit_quantized', 'real_modules',
-           'lora_params', 'MemoryPlan', 'plan']
+__all__ = ['GB', 'DTYPE_BYTES', 'TRAINED', 'nf4_linear_bytes', 'module_weight_bytes', 'ar_quantized', 'dit_quantized',
+           'real_modules', 'lora_params', 'MemoryPlan', 'plan']
 
 # %% ../nbs/07_memory.ipynb #92176a20
 GB = 1024 ** 3
@@ -165,23 +166,25 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
     phases["decode"] = {"VAE decoder activations": decode_batch * 2 * max(vc.block_out_channels) * height * width * dtype_bytes}
     return resident, phases
 
+TRAINED = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}   # the trainer's defaults are the plan's
+
 def plan(
     height: int = 1024, width: int = 1024,   # image size
-    group_size: int = 4,                     # samples per prompt
-    prompts_per_step: int = 2,               # prompts per step (per GPU)
-    load_in_4bit: bool = True,               # NF4 base weights for the AR model and the DiT blocks
-    lora_rank: int = 16,                     # LoRA rank of both halves
+    group_size: int = TRAINED["group_size"],             # samples per prompt
+    prompts_per_step: int = TRAINED["prompts_per_step"], # prompts per step (per GPU)
+    load_in_4bit: bool = False,              # NF4 base weights for the AR model and the DiT blocks (from_pretrained's default)
+    lora_rank: int = 16,                     # LoRA rank of both halves (glm-grpo train's)
     train: str = "both",                     # "ar", "dit" or "both"
     gradient_checkpointing: bool = True,
-    micro_batch_size: int | None = 1,        # samples per forward/backward in the update
-    num_inference_steps: int = 10,           # denoising steps
-    sde_window=None,                         # stochastic (trained) steps (as in sample_latents)
-    guidance_scale: float = 1.5,
-    dit_objective: str = "flow_grpo",        # the DiT's objective: a name in objectives.OBJECTIVES, or an Objective
+    micro_batch_size: int | None = TRAINED["micro_batch_size"],   # samples per forward/backward in the update (None: all)
+    num_inference_steps: int = TRAINED["num_inference_steps"],    # denoising steps
+    sde_window=TRAINED["sde_window"],        # stochastic (trained) steps (as in sample_latents)
+    guidance_scale: float | None = TRAINED["guidance_scale"],     # None: the objective's, as the trainer resolves it
+    dit_objective: str = TRAINED["dit_objective"],   # the DiT's objective: a name in objectives.OBJECTIVES, or an Objective
     dtype: str = "bfloat16",                 # compute dtype
     reward_model_params: int = 0,            # parameters of reward models on the GPU (e.g. 428_000_000 for CLIP-L)
     prompt_len: int = 128,                   # prompt tokens
-    decode_batch: int = 2,                   # images the VAE decodes at once (GRPOConfig.decode_batch)
+    decode_batch: int = TRAINED["decode_batch"],         # images the VAE decodes at once (GRPOConfig.decode_batch)
     sampling_copy: bool = True,              # the copy of the AR's language model that samples tokens
     budget_gb: float = 80.0,                 # GPU memory
     modules: dict | None = None,             # components to plan for (default: the real model on the meta device)
@@ -195,7 +198,8 @@ def plan(
                     ("decode_batch", decode_batch)):
         if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"plan: {name} must be an int >= 1, got {v!r}.")
     check_image_size(height, width, "plan")
-    objective_class(dit_objective, "plan")   # a name it does not know is refused here
+    objective = objective_class(dit_objective, "plan")   # a name it does not know is refused here
+    if guidance_scale is None: guidance_scale = objective.defaults["guidance_scale"]
     if dtype not in DTYPE_BYTES: raise ValueError(f"plan: dtype must be one of {list(DTYPE_BYTES)}, got {dtype!r}.")
     mods = real_modules() if modules is None else modules
     args = dict(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=load_in_4bit,

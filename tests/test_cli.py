@@ -113,3 +113,21 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
     wrong = run(glm_grpo, "evaluate", "--model", str(out / "model"), "--prompts", str(tmp_path / "eval_prompts.txt"),
                 "--benchmark", "cvtg-2k", "--out", str(tmp_path / "wrong"))
     assert wrong.returncode == 2 and "no JSON file" not in wrong.stderr and "read_cvtg2k" in wrong.stderr, wrong.stderr
+
+
+def test_plan_answers_for_trains_defaults():
+    "glm-grpo plan and memory.plan default to what glm-grpo train and GRPOConfig do, so the plan is of the run you get."
+    import inspect
+    from glm_grpo_nb import cli, memory
+    from glm_grpo_nb.config import GRPOConfig
+    config, train = GRPOConfig().replace(**cli.TRAIN_DEFAULTS), inspect.signature(cli.train).parameters
+    for where in (cli.plan, memory.plan):
+        p = inspect.signature(where).parameters
+        for k in ("group_size", "prompts_per_step", "micro_batch_size", "num_inference_steps", "sde_window", "dit_objective",
+                  "decode_batch"):
+            assert p[k].default == getattr(config, k), (where.__module__, k, p[k].default, getattr(config, k))
+        assert p["load_in_4bit"].default == train["load_in_4bit"].default
+        assert p["lora_rank"].default == train["ar_lora"].default == train["dit_lora"].default
+        assert p["guidance_scale"].default is None   # the objective's, as the trainer resolves it
+    default = memory.plan()
+    assert default.peak == memory.plan(micro_batch_size=None, load_in_4bit=False, guidance_scale=config.guidance_scale).peak
