@@ -23,10 +23,10 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'AR_LORA_MODULES', 'AR_LORA_TARGETS', 'DIT_LORA_TARGETS',
            'DIT_LORA_TARGETS_FF', 'WINDOW_SCHEDULES', 'MARKER', 'DEFAULT_SIZE', 'HARMLESS_NOTICES', 'resolve_model',
-           'check_hub_model', 'check_image_size', 'token_grid', 'lora_targeted', 'sde_steps', 'sde_window_at',
-           'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder',
-           'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock',
-           'hush_harmless_notices', 'quiet_io']
+           'check_hub_model', 'check_image_size', 'token_grid', 'default_device', 'same_device', 'lora_targeted',
+           'sde_steps', 'sde_window_at', 'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder',
+           'atomic_folder', 'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests', 'check_digests',
+           'RunLock', 'hush_harmless_notices', 'quiet_io']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -98,6 +98,22 @@ def token_grid(height: int, width: int, where: str = "image size") -> tuple[int,
     "(rows, columns) of the AR's large token grid for an image of this size."
     check_image_size(height, width, where)
     return height // IMAGE_BLOCK, width // IMAGE_BLOCK
+
+# %% ../nbs/00a_hub.ipynb #157204ec
+def default_device(device=None):
+    "`device` as a torch.device; when None this process's GPU (cuda:LOCAL_RANK under a multi-process launch), else the CPU."
+    import torch   # here: the command line imports this module before torch is needed
+    if device is not None: return torch.device(device)
+    if not torch.cuda.is_available(): return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+
+def same_device(a, b) -> bool:
+    "Whether `a` and `b` are one device (`cuda` means the current GPU, `cpu` any index)."
+    import torch
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type: return False
+    current = torch.cuda.current_device() if a.type == "cuda" and torch.cuda.is_available() else 0
+    return a.type == "cpu" or (current if a.index is None else a.index) == (current if b.index is None else b.index)
 
 # %% ../nbs/00a_hub.ipynb #1a0b0c0e
 AR_LORA_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from .hub import default_device
 from .rewards import Reward
 
 # %% auto #0
@@ -44,7 +45,7 @@ class CLIPScoreReward(_ModelReward):
         self.processor = AutoProcessor.from_pretrained(processor or model)
         self.model = AutoModel.from_pretrained(model, dtype=dtype).eval().requires_grad_(False)
         self.batch_size, self.logit_scale, self.dtype = batch_size, logit_scale, dtype or torch.float32
-        self.to(device or "cpu", self.dtype)
+        self.to(default_device(device), self.dtype)   # this process's GPU when there is one
 
     @torch.no_grad()
     def image_embeds(self, images):
@@ -120,7 +121,7 @@ class PerceptualReward(_ModelReward):
         self.processor = AutoImageProcessor.from_pretrained(processor or model)
         self.model = AutoModel.from_pretrained(model, dtype=dtype).eval().requires_grad_(False)
         self.batch_size, self.dtype = batch_size, dtype or torch.float32
-        self.to(device or "cpu", self.dtype)
+        self.to(default_device(device), self.dtype)   # this process's GPU when there is one
 
     @torch.no_grad()
     def features(self, images):

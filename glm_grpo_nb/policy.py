@@ -14,7 +14,7 @@ import types
 import warnings
 from pathlib import Path
 
-from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, atomic_folder, quiet_io, resolve_model  # first: it quiets upstream
+from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, atomic_folder, default_device, quiet_io, resolve_model  # first: it quiets upstream
 import bitsandbytes as bnb
 import torch
 from fastcore.basics import patch
@@ -48,8 +48,8 @@ def _renamed_checkpointing():
         yield
 
 def _device(device) -> torch.device:
-    "The device asked for, or CUDA when there is one."
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    "The device asked for, or this process's GPU when there is one (cuda:LOCAL_RANK under a launch), else the CPU."
+    return default_device(device)
 
 def to_host(x: torch.Tensor | None) -> torch.Tensor | None:
     "A detached CPU tensor (or None): what stages return and keep (rollouts, trajectories, log-probs) lives on the CPU."

@@ -19,19 +19,16 @@ from PIL import Image
 from .config import GRPOConfig
 from .data import open_image
 from .card import ModelCard
-from .faults import FaultTolerance
-from .hub import model_size
+from .faults import FaultTolerance, OutOfMemory, TrainingStopped, is_out_of_memory  # noqa: F401 (documented here too)
+from .hub import model_size, same_device
 from .loss import group_advantages
 from .objectives import TokenGRPO, make_objective
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows, to_host
 from .rewards import (NonFiniteRewardError, RewardOutput, check_reward_signature, evaluate_reward,
                                  group_diversity, reward_name)
-from .run import RunLoop, _as_dataset, _columns
+from .run import FitSummary, RunLoop, _as_dataset, _columns  # noqa: F401 (FitSummary: documented here too)
 from .tokens import TokenRollout, concat_rollouts
 from .flow import LatentTrajectory, concat_trajectories
-# documented names that live in the trainer's rooms now, importable from here as before
-from .faults import OutOfMemory, TrainingStopped, is_out_of_memory  # noqa: F401
-from .run import FitSummary  # noqa: F401
 
 
 # %% auto #0
@@ -142,9 +139,9 @@ class GRPOTrainer(FaultTolerance, RunLoop, ModelCard):
             w, h = self._default_size()
             c = c.replace(height=h if c.height is None else c.height, width=w if c.width is None else c.width)
         self.config = c
+        project_dir, cpu = (str(output_dir) if output_dir is not None else None), policy.device.type == "cpu"
+        self.accelerator = Accelerator(log_with=log_with, project_dir=project_dir, cpu=cpu) if accelerator is None else accelerator
         self._check_policy_and_data()
-        project_dir = str(output_dir) if output_dir is not None else None
-        self.accelerator = Accelerator(log_with=log_with, project_dir=project_dir) if accelerator is None else accelerator
         self.output_dir, self._lock = (Path(output_dir) if output_dir is not None else None), None
         if self.output_dir is not None and self.accelerator.is_main_process: self._claim_output_dir(_resuming)
         named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
@@ -179,6 +176,9 @@ class GRPOTrainer(FaultTolerance, RunLoop, ModelCard):
 
     def _check_policy_and_data(self):
         c, p = self.config, self.policy
+        if not same_device(p.device, self.accelerator.device):   # e.g. every process of a launch on cuda:0
+            raise ValueError(f"GRPOTrainer: the policy is on {p.device}, this process's accelerator on {self.accelerator.device}; "
+                             "load the policy with device=accelerator.device, or pass Accelerator(cpu=True) for a CPU policy.")
         if c.train_ar and p.ar_peft is None:
             raise ValueError("GRPOTrainer: train_ar=True but the policy has no AR adapter; load it with ar_lora=, "
                              "or pass train_ar=False.")
