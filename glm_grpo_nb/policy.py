@@ -511,8 +511,9 @@ def apply_adapters(pipe: GlmImagePipeline, directory: str | Path) -> GlmImagePip
     if not (directory / "ar").is_dir() and not (directory / "dit").is_dir():
         raise ValueError(f"apply_adapters: {directory} holds neither ar/ nor dit/; pass a folder written by save_adapters.")
     if (directory / "ar").is_dir():
-        with _renamed_checkpointing():
-            pipe.vision_language_encoder = PeftModel.from_pretrained(pipe.vision_language_encoder, directory / "ar").merge_and_unload()
+        with _renamed_checkpointing():   # LoRA layers go into the model itself, float32; the PeftModel wrapper is dropped
+            PeftModel.from_pretrained(pipe.vision_language_encoder, directory / "ar", autocast_adapter_dtype=True).eval()
     if (directory / "dit").is_dir():
         pipe.transformer.load_lora_adapter(directory / "dit", weight_name=DIT_ADAPTER_FILE)
+        for name in pipe.transformer.peft_config: cast_adapter_dtype(pipe.transformer, name)   # diffusers keeps the model's dtype
     return pipe
