@@ -27,8 +27,10 @@ from .config import DIT_OBJECTIVES, GRPOConfig, renamed_settings
 from .data import PromptDataset
 from .faults import TrainingStopped, _StopOnSignals
 from .hub import RunLock, mark_folder, remove_leftovers
-from .policy import GlmImagePolicy
+from .flow import concat_trajectories
+from .policy import GlmImagePolicy, mix_seed, to_host
 from .rewards import evaluate_reward
+from .tokens import concat_rollouts
 
 # %% auto #0
 __all__ = ['RUN_CONFIG', 'PACKAGES', 'RunLoop', 'FitSummary']
@@ -36,6 +38,11 @@ __all__ = ['RUN_CONFIG', 'PACKAGES', 'RunLoop', 'FitSummary']
 # %% ../nbs/05e_run.ipynb #b2e00006
 class RunLoop:
     "The trainer's run (a base of GRPOTrainer): fit, evaluate, save and resume."
+
+def _chunks(n: int, size: int | None) -> list[list[int]]:
+    "Rows 0..n-1 in consecutive chunks of `size` (None: one chunk)."
+    size = n if size is None else max(1, min(size, n))
+    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
 def _as_dataset(data) -> PromptDataset:
     if isinstance(data, PromptDataset): return data
@@ -283,23 +290,42 @@ def evaluate(self: RunLoop, prompts=None, seed: int = 12345, eval_reward=None) -
     "Mean reward per component on `prompts` (default: eval_prompts), fixed seeds, ODE sampling, one image per prompt."
     # keys as the history stores them: eval/reward, eval/<component>; eval_reward (default: the trainer's), a held-out
     # reward also scored, as eval/heldout and eval/heldout/<component>
+    # every prompt has seeds of its own, so batches and processes change nothing: the prompts are shared out across
+    # processes, sampled ar_sample_batch / dit_sample_batch at a time with the out-of-memory retry, and the sums gathered
     data = _as_dataset(prompts) if prompts is not None else self.eval_dataset
     if data is None: raise ValueError("evaluate: no prompts; pass eval_prompts= to the trainer or prompts= here.")
-    ps, targets, sources, columns = _columns(data, range(len(data)))
-    c = self.config
+    acc, pol, pad = self.accelerator, self.policy, self.policy.processor.tokenizer.pad_token_id
+    mine = list(range(acc.process_index, len(data), acc.num_processes))   # this process's share of the prompts
+    share = 1.0 if mine else 0.0   # fewer prompts than processes: the others score prompt 0 and count nothing
+    mine = mine or [0]
+    ps, targets, sources, columns = _columns(data, mine)
+    def tokens():
+        c = self.config   # read at each try: a retry halves its batch
+        return concat_rollouts([pol.sample_tokens([ps[r] for r in rows], 1, c.height, c.width, temperature=c.temperature,
+                                                  top_k=c.top_k, top_p=c.top_p, seed=[mix_seed(seed, 0, mine[r]) for r in rows],
+                                                  images=None if sources is None else [sources[r] for r in rows])
+                                for rows in _chunks(len(mine), c.ar_sample_batch)], pad)
+    def latents(roll):
+        c = self.config
+        return concat_trajectories([pol.sample_latents(roll.select(rows), num_steps=c.num_inference_steps, noise_level=0.0,
+                                                       guidance_scale=c.guidance_scale, seed=[mix_seed(seed, 1, mine[r]) for r in rows])
+                                    for rows in _chunks(len(mine), c.dit_sample_batch)], pad)
     with torch.no_grad():
-        roll = self.policy.sample_tokens(ps, 1, c.height, c.width, images=sources, temperature=c.temperature,
-                                         top_k=c.top_k, top_p=c.top_p, seed=seed)
-        traj = self.policy.sample_latents(roll, num_steps=c.num_inference_steps, noise_level=0.0, guidance_scale=c.guidance_scale,
-                                          seed=seed)
-        images = self.policy.decode(traj, c.decode_batch)
-        out = evaluate_reward(self.reward_fn, images, ps, targets, sources, normalize=False, columns=columns)
-        res = {"eval/reward": out.total.mean().item(), **{f"eval/{k}": v.mean().item() for k, v in out.components.items()}}
-        held = self.eval_reward if eval_reward is None else eval_reward
-        if held is not None:
-            h = evaluate_reward(held, images, ps, targets, sources, normalize=False, columns=columns)
-            res.update({"eval/heldout": h.total.mean().item(), **{f"eval/heldout/{k}": v.mean().item() for k, v in h.components.items()}})
-    return res
+        roll = self._retry_oom("sample_ar", len(mine), tokens)
+        traj = self._retry_oom("sample_dit", len(mine), lambda: latents(roll))
+        images = self._retry_oom("decode", len(mine), lambda: pol.decode(traj, self.config.decode_batch))
+    del roll, traj
+    pol.clear_sampling_caches()   # the evaluation's KV caches go: training's batch sizes need their own
+    sums = {}   # the sums of this process's scores, per key as the history stores them
+    for prefix, reward in (("eval/reward", self.reward_fn), ("eval/heldout", self.eval_reward if eval_reward is None else eval_reward)):
+        if reward is None: continue
+        out = evaluate_reward(reward, images, ps, targets, sources, normalize=False, columns=columns)
+        sums[prefix] = share * out.total.double().sum().item()
+        sums.update({f"{prefix.replace('/reward', '')}/{k}": share * v.double().sum().item() for k, v in out.components.items()})
+    if acc.num_processes > 1:   # the same keys on every process: the same rewards scored the same way
+        total = acc.reduce(pol.on_device(torch.tensor(list(sums.values()), dtype=torch.float64)), reduction="sum")
+        sums = dict(zip(sums, to_host(total).tolist()))
+    return {k: v / len(data) for k, v in sums.items()}
 
 # %% ../nbs/05e_run.ipynb #b2e00008
 @patch

@@ -26,7 +26,7 @@ from .objectives import TokenGRPO, make_objective
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows, to_host
 from .rewards import (NonFiniteRewardError, RewardOutput, check_reward_signature, evaluate_reward,
                                  group_diversity, reward_name)
-from .run import FitSummary, RunLoop, _as_dataset, _columns  # noqa: F401 (FitSummary: documented here too)
+from .run import FitSummary, RunLoop, _as_dataset, _chunks, _columns  # noqa: F401 (FitSummary: documented here too)
 from .tokens import TokenRollout, concat_rollouts
 from .flow import LatentTrajectory, concat_trajectories
 
@@ -298,11 +298,6 @@ def sample(self: GRPOTrainer, prompts=None, targets=None, sources=None, step: in
     with _timed(sec, "reward"):
         reward, dit_reward = score(self.ar_reward_fn, images), score(self.dit_reward_fn, dit_images)
     return Sample(ps, ts, ss, G, roll, traj, images, reward, dit_images, dit_reward, seconds=sec, columns=cs)
-
-def _chunks(n: int, size: int | None) -> list[list[int]]:
-    "Rows 0..n-1 in consecutive chunks of `size` (None: one chunk)."
-    size = n if size is None else max(1, min(size, n))
-    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
 @patch
 def _sample_ar(self: GRPOTrainer, prompts, sources, seeds) -> TokenRollout:

@@ -111,3 +111,16 @@ def test_accelerate_launch_of_the_cli_equals_one_process(glm_grpo, tiny_path, tm
     rows = lambda d: [json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
     assert [round(r["reward_mean"], 5) for r in rows("one")] == [round(r["reward_mean"], 5) for r in rows("two")]
     assert (tmp_path / "two" / "adapters" / "README.md").is_file()   # written once, by the main process
+
+
+def test_evaluate_shares_prompts_and_equals_one_process(tiny_path, tmp_path):
+    "evaluate(): 2 processes, each its share of 5 prompts, in chunks of 2, give one process's numbers in one batch."
+    import json
+    script = Path(__file__).parent / "ddp_eval.py"
+    run([sys.executable, str(script), str(tmp_path / "one.json"), str(tiny_path), "8"])
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(free_port()), str(script), str(tmp_path / "two.json"), str(tiny_path), "2"])
+    one, two = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
+    assert set(one) == set(two) >= {"eval/reward", "eval/redness", "eval/heldout"}, (one, two)
+    for k in one: assert abs(one[k] - two[k]) < 1e-6, (k, one[k], two[k])
+    assert one["eval/heldout"] != 0 and abs(one["eval/heldout"] - 0.5 * one["eval/reward"]) < 1e-6   # the held-out reward, scored
