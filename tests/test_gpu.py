@@ -6,6 +6,15 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+@pytest.fixture(autouse=True)
+def no_tf32():
+    "CPU float32 is compared with CUDA here: cuDNN's default TF32 (10-bit mantissa) would miss the tolerances."
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
 def test_step_on_cuda_is_on_policy(tiny_path, tmp_path):
     from glm_grpo_nb.policy import GlmImagePolicy
     from glm_grpo_nb.rewards import RednessReward
@@ -91,6 +100,7 @@ def test_model_rewards_on_cuda_match_cpu(tmp_path):
         assert next(model.parameters()).device.type == "cuda", type(on_gpu).__name__
         assert b.device.type == "cpu" and b.dtype == torch.float32 and b.shape == (3,), type(on_gpu).__name__
         assert torch.allclose(a, b, atol=1e-3), (type(on_gpu).__name__, a, b)
+    assert next(CLIPScoreReward(clip).model.parameters()).device.type == "cuda"   # unasked, a reward model goes to the GPU
 
 
 def test_nft_step_on_cuda(tiny_path, tmp_path):
