@@ -109,11 +109,11 @@ def _collect_folder(p: Path):
         i = d.pop("_index")
         if targets is not None:
             found = targets.get(i, [])
-            d["target"] = (str(found[0]) if len(found) == 1 else
+            d["target"] = (str(found[0].relative_to(p)) if len(found) == 1 else   # relative to the folder, as rows' paths are
                            f"<missing target_images/{i}.*>" if not found else f"<several target images for line {i}>")
         if sources is not None:
             found = sources.get(i, [])
-            d["source"] = [str(f) for f in found] if found else f"<missing source_images/{i}.*>"
+            d["source"] = [str(f.relative_to(p)) for f in found] if found else f"<missing source_images/{i}.*>"
     return rows
 
 # %% ../nbs/04_data.ipynb #da7a0005
@@ -123,8 +123,9 @@ def _collect(data, prompt_column: str = "prompt"):
         p = Path(data).expanduser()
         if not p.exists():
             raise ValueError(f"PromptDataset: {p} does not exist; pass a prompts file, a folder or a list of prompts.")
-        if p.is_dir(): return _collect_folder(p), p, str(p)
-        return [(f"{p.name}:{i}", d) for i, d in _rows_from_file(p, prompt_column)], p.parent, str(p)
+        # image paths start from the folder, made absolute: the dataset loads them later, from wherever it is then
+        if p.is_dir(): return _collect_folder(p), p.resolve(), str(p)
+        return [(f"{p.name}:{i}", d) for i, d in _rows_from_file(p, prompt_column)], p.parent.resolve(), str(p)
     if type(data).__module__.startswith("datasets."):   # a Hugging Face dataset (the optional `datasets` package)
         if not hasattr(data, "column_names") or isinstance(data.column_names, dict):
             raise ValueError("PromptDataset: pass one split of a Hugging Face dataset (e.g. ds['train']), not "
