@@ -20,12 +20,12 @@ from fastcore.docments import docments
 
 from . import __version__
 from .config import RENAMED, GRPOConfig
+from .demo import DEMO_PROMPTS, demo  # noqa: F401 (a command, and its prompts)
 from .hub import check_folder, check_hub_model, check_image_size, mark_folder, model_size, resolve_model
 
 # %% auto #0
-__all__ = ['DEMO_PROMPTS', 'REWARD_NAMES', 'TRAIN_DEFAULTS', 'ALLOCATOR', 'COMMANDS', 'tiny', 'generate', 'demo',
-           'config_options', 'process_device', 'train', 'serve_reward', 'plan', 'evaluate', 'push', 'command_parser',
-           'main']
+__all__ = ['REWARD_NAMES', 'TRAIN_DEFAULTS', 'ALLOCATOR', 'COMMANDS', 'tiny', 'generate', 'config_options', 'process_device',
+           'train', 'serve_reward', 'plan', 'evaluate', 'push', 'command_parser', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def tiny(
@@ -84,99 +84,6 @@ def generate(
     paths = [out] if len(images) == 1 else [out.with_name(f"{out.stem}_{i}{out.suffix}") for i in range(len(images))]
     for im, p in zip(images, paths): im.save(p)
     print("wrote " + ", ".join(map(str, paths)) + (f" (with the adapters in {adapters})" if adapters else ""))
-    return 0
-
-# %% ../nbs/08_cli.ipynb #79cbe687
-DEMO_PROMPTS = ["a blue square on a white background", "a green circle on a gray background", "a gradient from navy to teal",
-                "the word 'OK' in white on blue", "green on the left, black on the right", "a cyan field"]
-
-def _report(history, before, after, evals, path, heldout=None):
-    "report.png: reward per step (mean ± std, and the fixed evaluation), and the same groups before and after."
-    import matplotlib
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-    from glm_grpo_nb.loss import group_advantages
-    G, n = before.group_size, len(before.images)
-    fig = plt.figure(figsize=(15, 5.6))
-    grid = fig.add_gridspec(2, n + 1, width_ratios=[n * 0.75] + [1] * n, left=0.05, right=0.99, top=0.84, bottom=0.1,
-                            wspace=0.08, hspace=0.45)
-    ax = fig.add_subplot(grid[:, 0])
-    rows = [h for h in history if "reward_mean" in h]
-    steps, mean = [h["step"] + 1 for h in rows], [h["reward_mean"] for h in rows]
-    std = [h.get("reward_std", 0.0) for h in rows]
-    ax.plot(steps, mean, marker="o", ms=3, label="training samples: mean")
-    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2, label="± std")
-    ax.plot(list(evals), list(evals.values()), marker="s", color="C3", label="fixed prompts and seeds (evaluate)")
-    if heldout: ax.plot(list(heldout), list(heldout.values()), marker="^", color="C2", ls="--", label="held-out reward (evaluate)")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("after step"); ax.set_ylabel("reward (redness)")
-    right = ax.twinx()   # a group whose images become alike while the reward rises is a policy hacking the reward
-    right.plot(steps, [h.get("diversity", float("nan")) for h in rows], color="gray", lw=1, ls=":", label="within-group diversity (right)")
-    right.set_ylim(bottom=0); right.tick_params(labelsize=7)
-    ax.legend(handles=ax.lines + right.lines, fontsize=7, loc="lower right")
-    k = max(1, len(mean) // 4)
-    first, last, e = sum(mean[:k]) / k, sum(mean[-k:]) / k, list(evals.values())
-    ax.set_title(f"training mean {first:+.2f} (first {k} steps) -> {last:+.2f} (last {k}); "
-                 f"evaluation {e[0]:+.2f} -> {e[-1]:+.2f}", fontsize=8)
-    for row, (res, label) in enumerate(((before, "before training"), (after, f"after {len(rows)} steps"))):
-        adv = group_advantages(res.reward.total, G)[0]
-        for i in range(n):
-            a = fig.add_subplot(grid[row, i + 1])
-            a.imshow(res.images[i]); a.set_xticks([]); a.set_yticks([])
-            a.set_title(f"r {float(res.reward.total[i]):+.2f}  A {float(adv[i]):+.1f}", fontsize=7)
-            if i % G == 0: a.text(0, -0.35, f"{label}: {res.prompts[i]!r}", transform=a.transAxes, fontsize=8)
-    fig.suptitle("GRPO on the tiny GLM-Image, reward = redness: the same prompts and noise before and after training "
-                 "(r reward, A advantage in its group)", fontsize=10)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-def demo(
-    out: str = "runs/demo",  # output folder (also holds the tiny model it trains, in model/)
-    steps: int = 20,          # GRPO steps
-    group_size: int = 4,      # samples per prompt
-    prompts_per_step: int = 3,  # prompts per step
-    lr: float = 3e-3,         # learning rate of both adapters (the tiny model needs large steps)
-    seed: int = 0,            # everything random derives from it
-    eval_reward: str = None,  # a held-out reward the evaluations also score (NAME[=W],... or module:object), e.g. ocr
-    dit_objective: str = "flow_grpo",  # the DiT's objective: one of glm-grpo train's --dit-objective
-):
-    "Train the tiny GLM-Image towards red images with joint AR + DiT GRPO on CPU; write adapters, metrics and report.png."
-    from glm_grpo_nb.policy import GlmImagePolicy
-    from glm_grpo_nb.rewards import RednessReward, combine, parse_rewards
-    from glm_grpo_nb.tiny import make_tiny_glm_image
-    from glm_grpo_nb.trainer import GRPOTrainer
-    out = mark_folder(out, "run", "demo: --out")   # new, empty, or an earlier demo's folder
-    if (out / "metrics.jsonl").exists(): (out / "metrics.jsonl").unlink()      # each demo is a fresh run
-    model = make_tiny_glm_image(out / "model")
-    policy = GlmImagePolicy.from_pretrained(model, ar_lora=8, dit_lora=8, device="cpu", lora_seed=seed, verbose=False)
-    trainer = GRPOTrainer(policy, RednessReward(), DEMO_PROMPTS, group_size=group_size, prompts_per_step=prompts_per_step,
-                          height=64, width=64, num_inference_steps=6, sde_window=(0, 3), lr=lr, seed=seed, output_dir=out,
-                          keep_results=1, eval_prompts=DEMO_PROMPTS, eval_every=5, dit_objective=dit_objective,
-                          eval_reward=None if eval_reward is None else combine(parse_rewards(eval_reward)))
-    shown = DEMO_PROMPTS[:2]
-    first = trainer.evaluate()
-    before, evals, heldout = trainer.sample(shown, seed=seed + 1), {0: first["eval/reward"]}, {}
-    if "eval/heldout" in first: heldout[0] = first["eval/heldout"]
-    def log_evals(t, r):
-        if "eval/reward" in t.history[-1]: evals[t.step_count] = t.history[-1]["eval/reward"]
-        if "eval/heldout" in t.history[-1]: heldout[t.step_count] = t.history[-1]["eval/heldout"]
-    trainer.fit(steps, log_every=5, callback=log_evals)
-    after = trainer.sample(shown, seed=seed + 1)
-    trainer.save_adapters(out / "adapters")   # with its model card
-    trainer.close()
-    _report(trainer.history, before, after, evals, out / "report.png", heldout)
-    rewards = [h["reward_mean"] for h in trainer.history]
-    k = max(1, len(rewards) // 4)
-    e = list(evals.values())
-    print(f"reward (redness) {sum(rewards[:k]) / k:+.3f} over the first {k} steps -> {sum(rewards[-k:]) / k:+.3f} over "
-          f"the last {k}; on fixed prompts and seeds {e[0]:+.3f} -> {e[-1]:+.3f}"
-          + (f"; held-out reward {heldout[0]:+.3f} -> {list(heldout.values())[-1]:+.3f}" if heldout else "")
-          + f"; within-group diversity {trainer.history[0]['diversity']:.3f} -> {trainer.history[-1]['diversity']:.3f}")
-    print(f"wrote {out / 'report.png'} (open it), {out / 'metrics.jsonl'}, the adapters in {out / 'adapters'} and the "
-          f"tiny model in {out / 'model'}")
-    print(f"generate with the trained adapters: glm-grpo generate --model {out / 'model'} --adapters {out / 'adapters'} "
-          f"--prompt {shown[0]!r}")
     return 0
 
 # %% ../nbs/08_cli.ipynb #3aa3df8b

@@ -21,12 +21,13 @@ import uuid
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'AR_LORA_MODULES', 'AR_LORA_TARGETS', 'DIT_LORA_TARGETS',
-           'DIT_LORA_TARGETS_FF', 'WINDOW_SCHEDULES', 'MARKER', 'DEFAULT_SIZE', 'HARMLESS_NOTICES', 'resolve_model',
-           'check_hub_model', 'check_image_size', 'token_grid', 'default_device', 'same_device', 'lora_targeted',
-           'sde_steps', 'sde_window_at', 'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder',
-           'atomic_folder', 'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests', 'check_digests',
-           'RunLock', 'hush_harmless_notices', 'quiet_io']
+__all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'DIT_ADAPTER_FILE', 'DIT_ADAPTER_PLAIN', 'AR_LORA_MODULES',
+           'AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'DIT_LORA_TARGETS_FF', 'WINDOW_SCHEDULES', 'MARKER', 'DEFAULT_SIZE',
+           'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model', 'check_image_size', 'token_grid', 'default_device',
+           'same_device', 'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps', 'sde_window_at',
+           'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder',
+           'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock',
+           'hush_harmless_notices', 'quiet_io']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -114,6 +115,31 @@ def same_device(a, b) -> bool:
     if a.type != b.type: return False
     current = torch.cuda.current_device() if a.type == "cuda" and torch.cuda.is_available() else 0
     return a.type == "cpu" or (current if a.index is None else a.index) == (current if b.index is None else b.index)
+
+# %% ../nbs/00a_hub.ipynb #b8fcaf96
+DIT_ADAPTER_FILE = "pytorch_lora_weights.safetensors"   # diffusers' LoRA file name, with the LoRA config inside
+DIT_ADAPTER_PLAIN = "pytorch_lora_weights.bin"          # the name load_lora_adapter(folder) looks for unasked
+
+def prefix_lora_keys(f: Path, prefix: str):
+    "Rewrite a diffusers LoRA file with `prefix` on every tensor and LoRA-config key (the pipeline-level layout)."
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    with safe_open(f, framework="pt") as fh:
+        meta = dict(fh.metadata() or {})
+        state = {prefix + k: fh.get_tensor(k) for k in fh.keys()}
+    if "lora_adapter_metadata" in meta:
+        cfg = json.loads(meta["lora_adapter_metadata"])
+        meta["lora_adapter_metadata"] = json.dumps({prefix + k: v for k, v in cfg.items()}, indent=2, sort_keys=True)
+    save_file(state, f, metadata=meta)
+
+def read_adapter(f: Path, where: str) -> dict:
+    "An adapter file's tensors, or a ValueError naming `where` and the file when it cannot be read."
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    try: return load_file(f)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ValueError(f"{where}: {f} cannot be read ({e}); the file is damaged. Save the adapters again or use "
+                         "another checkpoint.") from None
 
 # %% ../nbs/00a_hub.ipynb #1a0b0c0e
 AR_LORA_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

@@ -14,7 +14,8 @@ import types
 import warnings
 from pathlib import Path
 
-from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, atomic_folder, default_device, quiet_io, resolve_model  # first: it quiets upstream
+from .hub import (AR_LORA_TARGETS, DIT_ADAPTER_FILE, DIT_ADAPTER_PLAIN, DIT_LORA_TARGETS,  # first: it quiets upstream
+                             atomic_folder, default_device, prefix_lora_keys, quiet_io, read_adapter, resolve_model)
 import bitsandbytes as bnb
 import torch
 from fastcore.basics import patch
@@ -22,16 +23,13 @@ from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_t
 from peft.tuners.lora import LoraLayer
 from peft.tuners.tuners_utils import cast_adapter_dtype
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
 from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GlmImageForConditionalGeneration, GlmImageProcessor,
                           StaticCache, T5EncoderModel)
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel
 
 # %% auto #0
-__all__ = ['DIT_ADAPTER_FILE', 'DIT_ADAPTER_PLAIN', 'to_host', 'train_mode', 'quantize_4bit', 'quantize_dit_4bit',
-           'GlmImagePolicy', 'mix_seed', 'sample_seeds', 'generators', 'randn_rows', 'dense_weight', 'merged_weight',
-           'LowRankLinear', 'apply_adapters']
+__all__ = ['to_host', 'train_mode', 'quantize_4bit', 'quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds',
+           'generators', 'randn_rows', 'dense_weight', 'merged_weight', 'LowRankLinear', 'apply_adapters']
 
 # %% ../nbs/02_policy.ipynb #d8758c82
 def _lora_config(spec, targets, what):
@@ -419,19 +417,6 @@ def sampling_model(self: GlmImagePolicy) -> GlmImageForConditionalGeneration:
     return self._sampler
 
 # %% ../nbs/02_policy.ipynb #6bce8dec
-def _prefix_keys(f: Path, prefix: str):
-    "Rewrite a diffusers LoRA file with `prefix` on every tensor and LoRA-config key (the pipeline-level layout)."
-    with safe_open(f, framework="pt") as fh:
-        meta = dict(fh.metadata() or {})
-        state = {prefix + k: fh.get_tensor(k) for k in fh.keys()}
-    if "lora_adapter_metadata" in meta:
-        cfg = json.loads(meta["lora_adapter_metadata"])
-        meta["lora_adapter_metadata"] = json.dumps({prefix + k: v for k, v in cfg.items()}, indent=2, sort_keys=True)
-    save_file(state, f, metadata=meta)
-
-DIT_ADAPTER_FILE = "pytorch_lora_weights.safetensors"   # diffusers' LoRA file name, with the LoRA config inside
-DIT_ADAPTER_PLAIN = "pytorch_lora_weights.bin"          # the name load_lora_adapter(folder) looks for unasked
-
 def _write_plain_lora(model: torch.nn.Module, f: Path, prefix: str = "transformer."):
     "The LoRA tensors of `model`, each B times its layer's scale, as a tensors-only torch file (config-free diffusers layout)."
     state = get_peft_model_state_dict(model, adapter_name="default")
@@ -454,15 +439,9 @@ def save_adapters(self: GlmImagePolicy, directory: str | Path) -> Path:
             (tmp / "ar" / "README.md").unlink(missing_ok=True)   # peft's blank card; the trainer writes a real one beside ar/
         if self.has_dit_lora:
             self.transformer.save_lora_adapter(tmp / "dit", weight_name=DIT_ADAPTER_FILE)
-            _prefix_keys(tmp / "dit" / DIT_ADAPTER_FILE, "transformer.")
+            prefix_lora_keys(tmp / "dit" / DIT_ADAPTER_FILE, "transformer.")
             _write_plain_lora(self.transformer, tmp / "dit" / DIT_ADAPTER_PLAIN)
     return directory
-
-def _read_adapter(f: Path, where: str) -> dict:
-    try: return load_file(f)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ValueError(f"{where}: {f} cannot be read ({e}); the file is damaged. Save the adapters again or use "
-                         "another checkpoint.") from None
 
 @patch
 def load_adapters(self: GlmImagePolicy, directory: str | Path) -> None:
@@ -478,7 +457,7 @@ def load_adapters(self: GlmImagePolicy, directory: str | Path) -> None:
             continue
         if not f.exists():
             raise ValueError(f"load_adapters: {f} not found; pass a folder written by save_adapters.")
-        state = _read_adapter(f, "load_adapters")
+        state = read_adapter(f, "load_adapters")
         if sub == "dit": state = {k.removeprefix("transformer."): v for k, v in state.items()}
         own = get_peft_model_state_dict(model, adapter_name="default")
         bad = sorted(k for k in own.keys() | state.keys() if k not in own or k not in state or own[k].shape != state[k].shape)
