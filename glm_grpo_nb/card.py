@@ -7,11 +7,11 @@ them with diffusers and peft alone; `push_adapters` puts the folder on the Huggi
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 
+from .hub import atomic_write
 from .rewards import reward_name
 
 # %% auto #0
@@ -88,11 +88,6 @@ def model_card(trainer, evaluation: dict | None = None, samples_image: str | Non
     return "\n".join(lines)
 
 # %% ../nbs/05f_card.ipynb #83d2d689
-def _write_atomic(path: Path, write):
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
 class ModelCard:
     "The trainer's adapters with their model card (a base of GRPOTrainer)."
     def save_adapters(self, directory: str | Path, evaluation: str | Path | None = None) -> Path:
@@ -110,16 +105,16 @@ def _save_with_card(self, directory: Path, ev: Path | None):
     directory = self.policy.save_adapters(directory)
     if ev is not None:
         if (ev / "report.png").is_file():
-            _write_atomic(directory / "evaluation.png", lambda t: shutil.copyfile(ev / "report.png", t)); image = "evaluation.png"
+            atomic_write(directory / "evaluation.png", lambda t: shutil.copyfile(ev / "report.png", t)); image = "evaluation.png"
     samples = None
     if self.results:
         import matplotlib.pyplot as plt
         from glm_grpo_nb.widgets import plot_group
         fig = plot_group(self.results[-1], max_groups=4, title=f"step {self.step_count}")
-        _write_atomic(directory / "samples.png", lambda t: fig.savefig(t, dpi=80, format="png")); plt.close(fig)
+        atomic_write(directory / "samples.png", lambda t: fig.savefig(t, dpi=80, format="png")); plt.close(fig)
         samples = "samples.png"
     card = model_card(self, result, samples, image)
-    _write_atomic(directory / "README.md", lambda t: t.write_text(card, encoding="utf-8"))
+    atomic_write(directory / "README.md", lambda t: t.write_text(card, encoding="utf-8"))
     return directory
 
 # %% ../nbs/05f_card.ipynb #62a063ae
@@ -129,11 +124,11 @@ def add_evaluation(adapters: str | Path, evaluation: dict, report: str | Path | 
     if not f.is_file() or "- glm_grpo_nb" not in f.read_text(encoding="utf-8"): return False
     image = None
     if report is not None and Path(report).is_file():
-        _write_atomic(f.parent / "evaluation.png", lambda t: shutil.copyfile(report, t)); image = "evaluation.png"
+        atomic_write(f.parent / "evaluation.png", lambda t: shutil.copyfile(report, t)); image = "evaluation.png"
     text = re.sub(r"## Evaluation\n.*?(?=## )", "", f.read_text(encoding="utf-8"), flags=re.S)   # an earlier one goes
     at = min(i for i in (text.find("## The last training step"), text.find("## Use"), len(text)) if i >= 0)
     section = "\n".join(_evaluation_section(evaluation, image)) + "\n"
-    _write_atomic(f, lambda t: t.write_text(text[:at] + section + text[at:], encoding="utf-8"))
+    atomic_write(f, lambda t: t.write_text(text[:at] + section + text[at:], encoding="utf-8"))
     return True
 
 # %% ../nbs/05f_card.ipynb #e96b5d01

@@ -11,7 +11,6 @@ import csv
 import hashlib
 import json
 import math
-import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -21,6 +20,7 @@ from PIL import Image
 
 from .benchmarks import BENCHMARKS, benchmark_figures, benchmark_metrics, benchmark_parts, cvtg_target_words, cvtg_word_scores, read_benchmark
 from .data import COLUMNS, PromptDataset
+from .hub import atomic_write
 from .ocr import edit_distance, prompt_texts
 
 # %% auto #0
@@ -142,11 +142,6 @@ def _metric_rewards(metrics, reward_models: dict | None, ocr_min_confidence: flo
     return out
 
 # %% ../nbs/09_evaluation.ipynb #4a4c46ad
-def _save_atomic(image: Image.Image, path: Path):
-    tmp = path.with_name(f".{path.name}.tmp")
-    image.save(tmp, format="PNG")
-    os.replace(tmp, path)
-
 def _generate(entries, rows, out: Path, samples_per_prompt: int, seed: int, progress: bool) -> dict[str, list[Path]]:
     "Every model's images (made only where missing), as {model: [path of image k]}."
     from tqdm.auto import tqdm
@@ -163,7 +158,7 @@ def _generate(entries, rows, out: Path, samples_per_prompt: int, seed: int, prog
             image = m(row["prompt"], seed + k, row["sources"])
             if not isinstance(image, Image.Image):
                 raise ValueError(f"evaluate_model: model {name!r} returned a {type(image).__name__}, not a PIL image.")
-            _save_atomic(image.convert("RGB"), paths[name][k])
+            atomic_write(paths[name][k], lambda t: image.convert("RGB").save(t, format="PNG"))
             bar.update(1)
         if hasattr(m, "close"): m.close()
     bar.close()
@@ -221,6 +216,11 @@ def _values(v) -> list[float]: return list(v) if isinstance(v, list) else [v]   
 
 def _per_image(v): return sum(v) / len(v) if isinstance(v, list) else v
 
+def _figure(groups) -> dict:
+    "The mean of all values in `groups` (one list per prompt) and its 95 % interval, resampling prompts."
+    n = sum(map(len, groups))
+    return {"mean": sum(map(sum, groups)) / n if n else 0.0, "ci95": list(bootstrap_interval(groups))}
+
 def _summary(scored, rows, samples_per_prompt: int) -> dict:
     "Per model: images, text and other images, and every metric's mean (over words for per-word ones) with its interval."
     out = {}
@@ -231,8 +231,7 @@ def _summary(scored, rows, samples_per_prompt: int) -> dict:
             groups = [[x for k in range(i * samples_per_prompt, (i + 1) * samples_per_prompt) if key in recs[k]
                        for x in _values(recs[k][key])] for i in range(len(rows))]
             n = sum(map(len, groups))
-            if n: metrics[key] = {"mean": sum(map(sum, groups)) / n, "ci95": list(bootstrap_interval(groups)),
-                                  "images": sum(key in r for r in recs), **({"words": n} if key in _TEXT[:2] else {})}
+            if n: metrics[key] = {**_figure(groups), "images": sum(key in r for r in recs), **({"words": n} if key in _TEXT[:2] else {})}
         text = sum(bool(r["text"]) for r in recs)
         out[name] = {"images": len(recs), "text_images": text, "other_images": len(recs) - text, "metrics": metrics}
     return out
@@ -252,10 +251,6 @@ def _write_csv(path: Path, scored, rows, samples_per_prompt: int, seed: int, pat
 
 # %% ../nbs/09_evaluation.ipynb #cffe7464
 def _ratio(parts) -> list[float]: return [1.0] * parts[0] + [0.0] * (parts[1] - parts[0])   # (matched, asked) as words
-
-def _figure(groups) -> dict:
-    n = sum(map(len, groups))
-    return {"mean": sum(map(sum, groups)) / n if n else 0.0, "ci95": list(bootstrap_interval(groups))}
 
 def _benchmark_summary(benchmark: str, records: list[dict], recs: list[dict], samples_per_prompt: int) -> dict:
     "The benchmark's figures of one model's images, with intervals over prompts, and its own aggregate (`benchmark_figures`)."

@@ -24,8 +24,8 @@ from pathlib import Path
 __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'DIT_ADAPTER_FILE', 'DIT_ADAPTER_PLAIN', 'AR_LORA_MODULES',
            'AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'DIT_LORA_TARGETS_FF', 'WINDOW_SCHEDULES', 'MARKER', 'DEFAULT_SIZE',
            'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model', 'check_image_size', 'token_grid', 'default_device',
-           'same_device', 'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps', 'sde_window_at',
-           'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder',
+           'same_device', 'atomic_write', 'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps',
+           'sde_window_at', 'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder',
            'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock',
            'hush_harmless_notices', 'quiet_io']
 
@@ -119,6 +119,13 @@ def same_device(a, b) -> bool:
 # %% ../nbs/00a_hub.ipynb #b8fcaf96
 DIT_ADAPTER_FILE = "pytorch_lora_weights.safetensors"   # diffusers' LoRA file name, with the LoRA config inside
 DIT_ADAPTER_PLAIN = "pytorch_lora_weights.bin"          # the name load_lora_adapter(folder) looks for unasked
+
+def atomic_write(path: Path, write) -> Path:
+    "`write(tmp)` to a hidden file beside `path`, then renamed onto it: a reader never sees half a file."
+    path = Path(path); tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+    return path
 
 def prefix_lora_keys(f: Path, prefix: str):
     "Rewrite a diffusers LoRA file with `prefix` on every tensor and LoRA-config key (the pipeline-level layout)."

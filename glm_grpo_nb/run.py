@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import sys
 import warnings
@@ -26,7 +25,7 @@ from .checkpoint import (checkpoints, damaged, identity_differences, read_checkp
 from .config import DIT_OBJECTIVES, GRPOConfig, renamed_settings
 from .data import PromptDataset
 from .faults import TrainingStopped, _StopOnSignals
-from .hub import RunLock, mark_folder, remove_leftovers
+from .hub import RunLock, atomic_write, mark_folder, remove_leftovers
 from .flow import concat_trajectories
 from .policy import GlmImagePolicy, mix_seed, to_host
 from .rewards import evaluate_reward
@@ -89,8 +88,7 @@ def _write_run_config(self: RunLoop):
               "device": str(dev), "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
               "num_processes": self.accelerator.num_processes, "run": self._run_identity(),
               "data": {"rows": len(self.dataset), "fingerprint": self.dataset.fingerprint(), "origin": self.dataset.origin}}
-    f = self.output_dir / RUN_CONFIG; tmp = f.with_name(f".{f.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str)); os.replace(tmp, f)
+    atomic_write(self.output_dir / RUN_CONFIG, lambda t: t.write_text(json.dumps(record, indent=1, default=str)))
 
 @patch
 def close(self: RunLoop) -> None:
@@ -136,9 +134,8 @@ def _log_samples(self: RunLoop, res: StepResult):
     buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=80); plt.close(fig)
     grid = Image.open(buf).convert("RGB")
     if self.output_dir is not None:
-        path = self.output_dir / "samples" / f"step-{res.step:06d}.png"
-        path.parent.mkdir(exist_ok=True); tmp = path.with_name(f".{path.name}.tmp")
-        grid.save(tmp, format="PNG"); os.replace(tmp, path)
+        (self.output_dir / "samples").mkdir(exist_ok=True)
+        atomic_write(self.output_dir / "samples" / f"step-{res.step:06d}.png", lambda t: grid.save(t, format="PNG"))
     for t in acc.trackers:   # each tracker takes images its own way
         if t.name == "tensorboard": t.log_images({"samples": np.asarray(grid)[None]}, step=res.step, dataformats="NHWC")
         elif hasattr(t, "log_images"): t.log_images({"samples": [grid]}, step=res.step)
