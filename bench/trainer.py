@@ -10,7 +10,7 @@ from glm_grpo_nb.tiny import make_tiny_glm_image
 from glm_grpo_nb.trainer import GRPOTrainer
 from glm_grpo_nb.policy import GlmImagePolicy
 
-PHASES = ["sample_ar", "sample_dit", "decode", "reward", "update_ar", "update_dit"]
+PHASES = ["sample_ar", "sample_dit", "decode", "reward", "prepare", "update_ar", "update_dit", "optimizer"]
 
 if __name__ == "__main__":
     torch.set_num_threads(2)

@@ -320,6 +320,10 @@ def plan(
     decode_batch: int = _TRAINED["decode_batch"],  # images the VAE decodes at once
     sampling_copy: bool = True,  # a copy of the AR's language model samples the tokens (fast; about 18 GB under 4-bit)
     reward_model_params: int = 0,  # parameters of reward models on the GPU
+    source_images: int = 0,    # i2i: source images per prompt (0: t2i)
+    ar_sample_batch: int = _TRAINED["ar_sample_batch"],  # samples the AR draws at once (default: all)
+    dit_sample_batch: int = _TRAINED["dit_sample_batch"],  # samples the DiT denoises at once (default: all)
+    eval_prompts: int = 0,     # prompts of --eval-prompts, evaluated during training (0: none)
     budget_gb: float = 80.0,   # GPU memory in GB
 ):
     "Predict the peak GPU memory of GRPO on the real GLM-Image, and what to change if it does not fit (exit 1)."
@@ -329,7 +333,8 @@ def plan(
                   load_in_4bit=load_in_4bit, lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing,
                   micro_batch_size=micro_batch_size, num_inference_steps=num_inference_steps, sde_window=sde_window,
                   guidance_scale=guidance_scale, dit_objective=dit_objective, decode_batch=decode_batch, sampling_copy=sampling_copy,
-                  reward_model_params=reward_model_params, budget_gb=budget_gb)
+                  reward_model_params=reward_model_params, source_images=source_images, ar_sample_batch=ar_sample_batch,
+                  dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts, budget_gb=budget_gb)
     p.suggestions = [_flags(ch) for ch in p.changes] + p.suggestions[len(p.changes):]   # as options of this command
     print(p)
     return 0 if p.fits else 1

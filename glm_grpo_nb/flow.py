@@ -136,30 +136,63 @@ def _latent_stats(self: GlmImagePolicy, dtype, device):
             self.on_device(torch.tensor(c.latents_std).view(1, -1, 1, 1), dtype))
 
 @patch
-def _condition_cache(self: GlmImagePolicy, rollout: TokenRollout, prompt_rows: list[int], dtype):
-    "KV cache holding the source images of the given prompts (one cache entry per listed prompt), in read mode."
+def _dit_state(self: GlmImagePolicy) -> tuple:
+    "What the DiT computes besides its inputs: its adapters on or off, and each LoRA weight's version (bumped by any write)."
+    lora = [(id(p), p._version) for n, p in self.transformer.named_parameters() if "lora_" in n]
+    off = next((m.disable_adapters for m in self.transformer.modules() if hasattr(m, "lora_A")), True)
+    return off, tuple(lora)
+
+GlmImagePolicy.source_grad = False   # True: the update's gradient flows through the source's keys and values too
+
+@patch
+def _source_kv(self: GlmImagePolicy, rollout: TokenRollout, i: int, dtype, grad: bool = False) -> list[tuple]:
+    "Prompt `i`'s source images as each DiT layer's keys and values: without gradient, once per adapter state."
+    key, codes = tuple(id(im) for im in rollout.images[i]), rollout.source_token_ids[i]
+    if not grad:
+        state = (self._dit_state(), dtype, str(self.device))
+        memo = self.__dict__.get("_sources")
+        if memo is None or memo[0] != state:   # another adapter state: the old entries can never be read again
+            memo = self.__dict__["_sources"] = (state, {})
+        hit = memo[1].get(key)
+        if hit is not None and torch.equal(hit[1], codes): return hit[2]
     pipe, dev = self.pipeline, self.device
     mean, std = self._latent_stats(dtype, dev)
     cache = GlmImageKVCache(num_layers=self.transformer.config.num_layers)
     cache.set_mode("write")
     mult = pipe.vae_scale_factor * self.transformer.config.patch_size
     checkpointing = self.transformer.gradient_checkpointing
-    self.transformer.gradient_checkpointing = False  # the write pass must not be replayed by checkpointing
+    self.transformer.gradient_checkpointing = False   # a write pass must not be replayed by checkpointing
     try:
-        for i in prompt_rows:
-            ids = torch.split(rollout.source_token_ids[i], rollout.source_grid_thw[i].prod(-1).tolist())
-            for im, code, thw in zip(rollout.images[i], ids, rollout.source_grid_thw[i].tolist()):
-                h, w = (im.height // mult) * mult, (im.width // mult) * mult
-                pix = self.on_device(pipe.image_processor.preprocess(im, height=h, width=w), dtype)
-                with torch.no_grad(): lat = self.vae.encode(pix).latent_dist.mode()
-                prior = self.on_device(GlmImagePipeline._upsample_token_ids(code, thw[1], thw[2])[0])
+        for im, code, thw in zip(rollout.images[i], torch.split(codes, rollout.source_grid_thw[i].prod(-1).tolist()),
+                                 rollout.source_grid_thw[i].tolist()):
+            h, w = (im.height // mult) * mult, (im.width // mult) * mult
+            pix = self.on_device(pipe.image_processor.preprocess(im, height=h, width=w), dtype)
+            prior = self.on_device(GlmImagePipeline._upsample_token_ids(code, thw[1], thw[2])[0])
+            with torch.no_grad(): lat = self.vae.encode(pix).latent_dist.mode()
+            with torch.set_grad_enabled(grad):
                 self.transformer(hidden_states=(lat - mean) / std, encoder_hidden_states=torch.zeros(1, 0, self.transformer.config.text_embed_dim, device=dev, dtype=dtype),
                                  prior_token_id=prior, prior_token_drop=torch.zeros_like(prior, dtype=torch.bool),
                                  timestep=torch.zeros(1, device=dev), target_size=torch.tensor([[h, w]], device=dev),
                                  crop_coords=torch.zeros(1, 2, device=dev), kv_caches=cache)
-            cache.next_sample()
-    finally:
-        self.transformer.gradient_checkpointing = checkpointing
+    finally: self.transformer.gradient_checkpointing = checkpointing
+    kv = [(layer.k_caches[0], layer.v_caches[0]) for layer in cache.caches]
+    if grad: return kv
+    memo[1][key] = (list(rollout.images[i]), codes, kv)   # holding the images keeps their ids from being reused
+    return kv
+
+@patch
+def release_sources(self: GlmImagePolicy) -> None:
+    "Free the source images' keys and values (`_source_kv`); the next i2i forward computes them again."
+    self.__dict__.pop("_sources", None)
+
+@patch
+def _condition_cache(self: GlmImagePolicy, rollout: TokenRollout, prompt_rows: list[int], dtype, grad: bool = False):
+    "KV cache in read mode holding, for each row of a forward, its prompt's source images (`prompt_rows`: one per row)."
+    cache = GlmImageKVCache(num_layers=self.transformer.config.num_layers)
+    shared = len(set(prompt_rows)) == 1   # one entry serves every row (expanded, not copied)
+    kvs = [self._source_kv(rollout, i, dtype, grad) for i in (prompt_rows[:1] if shared else prompt_rows)]
+    for l, layer in enumerate(cache.caches):
+        layer.k_caches, layer.v_caches = [kv[l][0] for kv in kvs], [kv[l][1] for kv in kvs]
     cache.set_mode("read")
     return cache
 
@@ -205,7 +238,8 @@ def _conditions(self: GlmImagePolicy, traj: LatentTrajectory, rows):
     "For each glyph length among `rows`: (those rows, glyph embeddings, empty-prompt glyphs, prior tokens, i2i cache)."
     G = traj.rollout.group_size
     for P, rs in _length_groups(traj.embed_lengths, rows).items():
-        cache = self._condition_cache(traj.rollout, [r // G for r in rs], self.dit_dtype) if traj.rollout.images else None
+        cache = (self._condition_cache(traj.rollout, [r // G for r in rs], self.dit_dtype,
+                                       grad=self.source_grad and torch.is_grad_enabled()) if traj.rollout.images else None)
         neg = None if traj.negative_prompt_embeds is None else traj.negative_prompt_embeds[rs]
         yield (rs, self.on_device(traj.prompt_embeds[rs, -P:]), self.on_device(neg),
                self.on_device(traj.rollout.prior_token_ids[rs]), cache)
@@ -254,7 +288,7 @@ def sample_latents(
         G = rollout.group_size
         embeds, lengths, neg = self._glyph_embeds(rollout.prompts, G, cfg, dtype)
         groups = _length_groups(lengths, range(N))   # whole prompt groups: a prompt's samples share its glyphs
-        caches = {P: self._condition_cache(rollout, sorted({r // G for r in rows}), dtype) if rollout.images else None
+        caches = {P: self._condition_cache(rollout, [r // G for r in rows], dtype) if rollout.images else None
                   for P, rows in groups.items()}
         prior = self.on_device(rollout.prior_token_ids)
         path, logprobs, stds = [to_host(x)], torch.zeros(N, num_steps), torch.zeros(num_steps)

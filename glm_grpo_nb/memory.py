@@ -106,10 +106,13 @@ class MemoryPlan:
 # %% ../nbs/07_memory.ipynb #23fb9d44
 def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, lora_rank, train, gradient_checkpointing,
               micro_batch_size, num_inference_steps, sde_window, guidance_scale, dtype_bytes, reward_model_params, prompt_len, decode_batch,
-              sampling_copy, dit_objective="flow_grpo"):
+              sampling_copy, dit_objective="flow_grpo", source_images=0, ar_sample_batch=None, dit_sample_batch=None,
+              eval_prompts=0):
     ar, dit, t5, vae = mods["ar"], mods["dit"], mods["text_encoder"], mods["vae"]
     N = group_size * prompts_per_step
     mb = N if micro_batch_size is None else min(micro_batch_size, N)
+    ns_ar = N if ar_sample_batch is None else min(ar_sample_batch, N)     # samples per AR / DiT sampling call
+    ns_dit = N if dit_sample_batch is None else min(dit_sample_batch, N)
     fp32_other = 4 if load_in_4bit else None  # peft's k-bit preparation upcasts the non-quantised AR parameters
     resident = {
         "AR weights": module_weight_bytes(ar, dtype_bytes, ar_quantized if load_in_4bit else (lambda n, m: False), fp32_other),
@@ -125,19 +128,25 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
     tokens = (height // 16) * (width // 16) + 64
     lat = N * dc.in_channels * (height // 8) * (width // 8) * 4
     per_block = mb * tokens * (12 * inner) * dtype_bytes
+    # i2i: each source image's keys and values in every layer, once per prompt, without gradient (flow's `_source_kv`);
+    # every conditional forward prepends them to its rows' keys and values, one layer at a time
+    src_tokens = source_images * (height // 16) * (width // 16)
+    sources = prompts_per_step * 2 * dc.num_layers * src_tokens * inner * dtype_bytes
+    read = lambda n, layers=1: 2 * n * src_tokens * inner * dtype_bytes * layers
     # what the objective holds: asked of it (objectives.Objective.plan_memory), in these sizes
     sizes = dict(dit_lora_params=lora_params(dit, DIT_LORA_TARGETS, lora_rank), latents=lat, num_inference_steps=num_inference_steps,
                  window_steps=len(sde_steps(sde_window, num_inference_steps)), guidance_branches=cfg,
-                 forward=mb * tokens * inner * dtype_bytes * dc.num_layers if gradient_checkpointing else per_block * dc.num_layers,
-                 recompute=per_block if gradient_checkpointing else 0)
+                 forward=(mb * tokens * inner * dtype_bytes * dc.num_layers if gradient_checkpointing else
+                          (per_block + read(mb)) * dc.num_layers),
+                 recompute=per_block + read(mb) if gradient_checkpointing else 0)
     held, update_dit = objective_class(dit_objective, "plan").plan_memory(sizes)
     if train in ("dit", "both"): resident.update(held)
     tc = ar.config.text_config
     L, hidden, inter, kv, hd = tc.num_hidden_layers, tc.hidden_size, tc.intermediate_size, tc.num_key_value_heads, tc.hidden_size // tc.num_attention_heads
     gh, gw = token_grid(height, width, "plan")
     T = gh * gw + 256 + 1
-    S = prompt_len + T
-    kv_cache = 2 * L * kv * hd * S * N * dtype_bytes
+    S = prompt_len + source_images * gh * gw + T   # an i2i prompt holds its sources' tokens
+    kv_cache = 2 * L * kv * hd * S * ns_ar * dtype_bytes
     if sampling_copy:   # the copy keeps its static KV cache between calls (see `policy.sampling_cache`)
         # under 4-bit a dense language model and head of its own in the compute dtype; without, it shares the frozen
         # base; the adapters' factors (float32) apart from the weights, in both cases
@@ -148,7 +157,7 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
         resident["sampling copy's KV cache"] = kv_cache
     resident["reward models"] = reward_model_params * dtype_bytes
     phases = {"sample tokens": {**({} if sampling_copy else {"KV cache": kv_cache}),
-                                "logits + sampling (fp32)": N * tc.vision_vocab_size * 4 * 4}}
+                                "logits + sampling (fp32)": ns_ar * tc.vision_vocab_size * 4 * 4}}
     if sampling_copy and load_in_4bit:   # built once, layer by layer: one dequantised weight at a time
         largest = max(m.weight.numel() for m in ar.model.language_model.modules() if isinstance(m, torch.nn.Linear))
         phases["build sampling copy (first call)"] = {"largest layer dequantised": largest * dtype_bytes}
@@ -158,8 +167,17 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
         phases["update AR"] = {"activations": saved + (per_layer if gradient_checkpointing else 0),
                                "logits, log-softmax, grad (fp32)": 3 * mb * T * tc.vision_vocab_size * 4}
     phases["sample latents"] = {"latents, velocities (fp32)": 4 * lat,
-                                "DiT forward": cfg * N * tokens * (8 * inner) * dtype_bytes}
-    if train in ("dit", "both"): phases["update DiT"] = update_dit
+                                "DiT forward": cfg * ns_dit * tokens * (8 * inner) * dtype_bytes}
+    if source_images:
+        phases["sample latents"].update({"i2i sources' keys and values": sources, "sources read by a forward": read(ns_dit)})
+    if train in ("dit", "both"):
+        phases["update DiT"] = {**update_dit, **({"i2i sources' keys and values": sources} if source_images else {})}
+    if eval_prompts:   # evaluate() during fit: one ODE image per prompt, in the sampling batches, each batch's caches freed
+        ne_ar, ne_dit = (min(eval_prompts, b or eval_prompts) for b in (ar_sample_batch, dit_sample_batch))
+        phases["evaluate"] = {"KV cache": 2 * L * kv * hd * S * ne_ar * dtype_bytes,
+                              "DiT forward": cfg * ne_dit * tokens * (8 * inner) * dtype_bytes + read(ne_dit),
+                              "latents (fp32)": 2 * eval_prompts * lat // N,
+                              **({"i2i sources' keys and values": sources * ne_dit // prompts_per_step} if source_images else {})}
     vc = vae.config
     # about two full-resolution maps of the widest block per image: 8 images at 1024x1024 decoded at once peaked
     # 15.4 GB above the weights on an H100 (bf16), i.e. 1.9 GB per image; this gives 2.0
@@ -186,6 +204,10 @@ def plan(
     prompt_len: int = 128,                   # prompt tokens
     decode_batch: int = TRAINED["decode_batch"],         # images the VAE decodes at once (GRPOConfig.decode_batch)
     sampling_copy: bool = True,              # the copy of the AR's language model that samples tokens
+    source_images: int = 0,                  # i2i: source images per prompt, at the output's size (0: t2i)
+    ar_sample_batch: int | None = TRAINED["ar_sample_batch"],     # samples the AR draws at once (None: all)
+    dit_sample_batch: int | None = TRAINED["dit_sample_batch"],   # samples the DiT denoises at once (None: all)
+    eval_prompts: int = 0,                   # prompts evaluate() samples during fit (0: no evaluation)
     budget_gb: float = 80.0,                 # GPU memory
     modules: dict | None = None,             # components to plan for (default: the real model on the meta device)
     num_steps: int | None = None,            # old name of num_inference_steps (warns once)
@@ -195,7 +217,7 @@ def plan(
         deprecated("plan", "num_steps", "num_inference_steps", stacklevel=3); num_inference_steps = num_steps
     if train not in ("ar", "dit", "both"): raise ValueError(f"plan: train must be 'ar', 'dit' or 'both', got {train!r}.")
     for name, v in (("group_size", group_size), ("prompts_per_step", prompts_per_step), ("micro_batch_size", micro_batch_size),
-                    ("decode_batch", decode_batch)):
+                    ("decode_batch", decode_batch), ("ar_sample_batch", ar_sample_batch), ("dit_sample_batch", dit_sample_batch)):
         if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"plan: {name} must be an int >= 1, got {v!r}.")
     check_image_size(height, width, "plan")
     objective = objective_class(dit_objective, "plan")   # a name it does not know is refused here
@@ -206,10 +228,15 @@ def plan(
                 lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing, micro_batch_size=micro_batch_size,
                 num_inference_steps=num_inference_steps, sde_window=sde_window, guidance_scale=guidance_scale, dtype_bytes=DTYPE_BYTES[dtype],
                 reward_model_params=reward_model_params, prompt_len=prompt_len, decode_batch=decode_batch,
-                sampling_copy=sampling_copy, dit_objective=dit_objective)
+                sampling_copy=sampling_copy, dit_objective=dit_objective, source_images=source_images,
+                ar_sample_batch=ar_sample_batch, dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts)
+    for name, v in (("source_images", source_images), ("eval_prompts", eval_prompts)):
+        if not isinstance(v, int) or v < 0: raise ValueError(f"plan: {name} must be an int >= 0, got {v!r}.")
     p = MemoryPlan(*_estimate(mods, **args), budget=int(budget_gb * GB))
     if not p.fits:
+        N = group_size * prompts_per_step
         tries = [dict(load_in_4bit=True), dict(gradient_checkpointing=True), dict(micro_batch_size=1), dict(decode_batch=1),
+                 dict(ar_sample_batch=max(1, N // 2), dit_sample_batch=max(1, N // 2)),
                  dict(sampling_copy=False), dict(sde_window=[0]),
                  dict(guidance_scale=1.0), dict(prompts_per_step=1)]
         cur = dict(args)

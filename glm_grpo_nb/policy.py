@@ -397,8 +397,9 @@ def sampling_cache(self: GlmImagePolicy, batch_size: int, length: int) -> Static
 
 @patch
 def clear_sampling_caches(self: GlmImagePolicy) -> None:
-    "Free the sampling copy's KV caches (after an out-of-memory error, say); the next call allocates what it needs."
+    "Free the sampling copy's KV caches and the i2i sources' (after an out-of-memory error, say); the next call allocates what it needs."
     self._kv.clear()
+    self.__dict__.pop("_sources", None)   # flow's `_source_kv`
 
 @patch
 def sampling_model(self: GlmImagePolicy) -> GlmImageForConditionalGeneration:

@@ -303,10 +303,12 @@ def evaluate(self: RunLoop, prompts=None, seed: int = 12345, eval_reward=None) -
                                                   images=None if sources is None else [sources[r] for r in rows])
                                 for rows in _chunks(len(mine), c.ar_sample_batch)], pad)
     def latents(roll):
-        c = self.config
-        return concat_trajectories([pol.sample_latents(roll.select(rows), num_steps=c.num_inference_steps, noise_level=0.0,
-                                                       guidance_scale=c.guidance_scale, seed=[mix_seed(seed, 1, mine[r]) for r in rows])
-                                    for rows in _chunks(len(mine), c.dit_sample_batch)], pad)
+        c, parts = self.config, []
+        for rows in _chunks(len(mine), c.dit_sample_batch):
+            parts.append(pol.sample_latents(roll.select(rows), num_steps=c.num_inference_steps, noise_level=0.0,
+                                            guidance_scale=c.guidance_scale, seed=[mix_seed(seed, 1, mine[r]) for r in rows]))
+            pol.release_sources()   # i2i: this batch's sources are not read again
+        return concat_trajectories(parts, pad)
     with torch.no_grad():
         roll = self._retry_oom("sample_ar", len(mine), tokens)
         traj = self._retry_oom("sample_dit", len(mine), lambda: latents(roll))

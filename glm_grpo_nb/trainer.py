@@ -79,7 +79,7 @@ class StepResult:
     reward_components: dict[str, torch.Tensor]
     advantages: torch.Tensor             # [N]
     metrics: dict[str, float]
-    seconds: dict[str, float]            # sample_ar, sample_dit, decode, reward, update_ar, update_dit
+    seconds: dict[str, float]            # sample_ar, sample_dit, decode, reward, prepare, update_ar, update_dit, optimizer
     skipped: bool = False
     dit_images: list[Image.Image] | None = None  # decoupled mode: the DiT group
     dit_rewards: torch.Tensor | None = None
@@ -368,7 +368,7 @@ class UpdateResult:
     metrics: dict[str, float]
     advantages: torch.Tensor       # [N]
     dit_advantages: torch.Tensor   # [N] (joint mode: the same as advantages)
-    seconds: dict[str, float]      # update_ar, update_dit
+    seconds: dict[str, float]      # prepare, update_ar, update_dit, optimizer
 
     def __iter__(self):   # metrics, adv, dit_adv, sec = trainer.update(s)
         return iter((self.metrics, self.advantages, self.dit_advantages, self.seconds))
@@ -396,11 +396,12 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
     metrics["diversity"] = self._diversity(s.images)
     if s.dit_images is not None: metrics["dit_diversity"] = self._diversity(s.dit_images)
     halves, prepared = self._halves(s, adv, dit_adv), {}
+    sec, self.skip_reason = {"prepare": 0.0, "update_ar": 0.0, "update_dit": 0.0, "optimizer": 0.0}, None
     for half, obj, data, _ in halves:   # once per step, without gradients: old log-probs, references, points
-        prepared[half], m = obj.prepare(data)
+        with _timed(sec, "prepare"): prepared[half], m = obj.prepare(data)
         metrics.update({f"{half}/{k}": v for k, v in m.items()})
     snap = self._snapshot() if snapshot is None else snapshot
-    n, sec, self.skip_reason = len(s.prompts), {"update_ar": 0.0, "update_dit": 0.0}, None
+    n = len(s.prompts)
     for epoch in range(c.num_inner_epochs):
         self.optimizer.zero_grad(set_to_none=True)
         finite, agg = True, {}
@@ -431,7 +432,7 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
         if not self._everywhere(finite and all(math.isfinite(v) for v in norms.values())):
             self.skip_reason = f"the loss or a gradient was not finite (inner epoch {epoch})"
         else:
-            self.optimizer.step()
+            with _timed(sec, "optimizer"): self.optimizer.step()
             if not self._weights_finite():
                 self.skip_reason = (f"an adapter weight was not finite after the optimiser step (inner epoch {epoch}); "
                                     "the learning rate is probably too high")
@@ -442,6 +443,7 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
     if self.skip_reason is None:   # e.g. DiffusionNFT's old adapter follows (restored with the step if it fails)
         for half, obj, *_ in halves: metrics.update({f"{half}/{k}": v for k, v in obj.after_step(self.step_count + 1).items()})
     metrics["skipped"] = float(self.skip_reason is not None)
+    self.policy.release_sources()   # the i2i sources' keys and values of weights that have changed
     return UpdateResult(metrics, adv, dit_adv, sec)
 
 # %% ../nbs/05_trainer.ipynb #ea97db1b
