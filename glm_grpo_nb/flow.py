@@ -189,8 +189,10 @@ def release_sources(self: GlmImagePolicy) -> None:
 def _condition_cache(self: GlmImagePolicy, rollout: TokenRollout, prompt_rows: list[int], dtype, grad: bool = False):
     "KV cache in read mode holding, for each row of a forward, its prompt's source images (`prompt_rows`: one per row)."
     cache = GlmImageKVCache(num_layers=self.transformer.config.num_layers)
-    shared = len(set(prompt_rows)) == 1   # one entry serves every row (expanded, not copied)
-    kvs = [self._source_kv(rollout, i, dtype, grad) for i in (prompt_rows[:1] if shared else prompt_rows)]
+    keys, kv_of = [tuple(map(id, rollout.images[i])) for i in prompt_rows], {}   # rows with the same sources share them
+    for i, key in zip(prompt_rows, keys):
+        if key not in kv_of: kv_of[key] = self._source_kv(rollout, i, dtype, grad)
+    kvs = list(kv_of.values()) if len(kv_of) == 1 else [kv_of[key] for key in keys]   # one entry: expanded, not copied
     for l, layer in enumerate(cache.caches):
         layer.k_caches, layer.v_caches = [kv[l][0] for kv in kvs], [kv[l][1] for kv in kvs]
     cache.set_mode("read")
