@@ -24,7 +24,8 @@ from .hub import atomic_write
 from .ocr import edit_distance, prompt_texts
 
 # %% auto #0
-__all__ = ['text_metrics', 'bootstrap_interval', 'PipelineModel', 'format_benchmark', 'evaluate_model', 'format_metrics']
+__all__ = ['SAMPLERS', 'text_metrics', 'bootstrap_interval', 'PipelineModel', 'PolicyModel', 'format_benchmark', 'evaluate_model',
+           'format_metrics']
 
 # %% ../nbs/09_evaluation.ipynb #8482415e
 def _words(text: str) -> list[str]:
@@ -96,17 +97,76 @@ class PipelineModel:
         gc.collect()
         if torch.cuda.is_available(): torch.cuda.empty_cache()
 
-# %% ../nbs/09_evaluation.ipynb #55fcbe0d
-_GENERATION = ("models", "prompts", "samples_per_prompt", "seed", "height", "width", "num_inference_steps", "guidance_scale")
+class PolicyModel:
+    "GLM-Image sampled as training samples it, with trained adapters (unmerged) when given: many images per call."
+    # The AR's tokens come from the policy's batched sampler (its sampling copy on CUDA: a static KV cache and a compiled
+    # decode step), at the model's own generation settings (as the stock pipeline draws them), then the DiT's ODE with
+    # guidance and the VAE, `batch_size` images at a time. Every image draws from its own seed, so the images do not
+    # depend on the batch they are made in; they are not the stock pipeline's images for the same seed (another RNG).
+    def __init__(self, model: str | Path, adapters: str | Path | None = None, height: int | None = None,
+                 width: int | None = None, num_inference_steps: int = 20, guidance_scale: float = 1.5,
+                 device: str | None = None, torch_dtype=None, batch_size: int = 8, load_in_4bit: bool = False,
+                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None):
+        from glm_grpo_nb.hub import model_size
+        if not isinstance(batch_size, int) or batch_size < 1: raise ValueError(f"PolicyModel: batch_size must be an int >= 1, got {batch_size!r}.")
+        if height is None or width is None:
+            w0, h0 = model_size(model)
+            height, width = h0 if height is None else height, w0 if width is None else width
+        self.model, self.adapters, self.policy, self.batch_size = model, adapters, None, batch_size
+        self.height, self.width, self.num_inference_steps, self.guidance_scale = height, width, num_inference_steps, guidance_scale
+        self.device, self.torch_dtype, self.load_in_4bit, self.sampling = device, torch_dtype, load_in_4bit, (temperature, top_k, top_p)
 
-def _model_entries(model, adapters, models, settings):
+    def _load(self):
+        from glm_grpo_nb.policy import GlmImagePolicy, apply_adapters
+        pol = GlmImagePolicy.from_pretrained(self.model, load_in_4bit=self.load_in_4bit, torch_dtype=self.torch_dtype,
+                                             device=self.device, gradient_checkpointing=False, verbose=False)
+        if self.adapters is not None: apply_adapters(pol.pipeline, self.adapters)   # into the policy's own modules
+        gc = pol.ar.generation_config   # what the stock pipeline's generate() samples with
+        t, k, p = self.sampling
+        self.sampling = (gc.temperature or 1.0 if t is None else t, gc.top_k or 0 if k is None else k, gc.top_p or 1.0 if p is None else p)
+        self.policy = pol.eval()
+
+    def batch(self, prompts: list[str], seeds: list[int], sources: list[list[Image.Image]] | None = None) -> list[Image.Image]:
+        "One image per prompt, image i from seeds[i] (its tokens, initial noise): the same alone or in any batch."
+        import glm_grpo_nb.flow, torch   # noqa: F401  (the DiT half of the policy)
+        from glm_grpo_nb.policy import mix_seed
+        if self.policy is None: self._load()
+        pol, (t, k, p) = self.policy, self.sampling
+        with torch.no_grad():
+            roll = pol.sample_tokens(list(prompts), 1, self.height, self.width, images=sources, temperature=t, top_k=k,
+                                     top_p=p, seed=[mix_seed(s, 0) for s in seeds])
+            traj = pol.sample_latents(roll, num_steps=self.num_inference_steps, noise_level=0.0,
+                                      guidance_scale=self.guidance_scale, seed=[mix_seed(s, 1) for s in seeds])
+            images = pol.decode(traj, micro_batch_size=len(prompts))
+        pol.release_sources()
+        return images
+
+    def __call__(self, prompt: str, seed: int, sources: list[Image.Image] | None = None) -> Image.Image:
+        return self.batch([prompt], [seed], None if sources is None else [sources])[0]
+
+    def close(self):
+        "Free the policy (the next model's needs the memory)."
+        import gc, torch
+        self.policy = None
+        gc.collect()
+        if torch.cuda.is_available(): torch.cuda.empty_cache()
+
+# %% ../nbs/09_evaluation.ipynb #55fcbe0d
+_GENERATION = ("models", "prompts", "samples_per_prompt", "seed", "height", "width", "num_inference_steps", "guidance_scale",
+               "sampler")
+SAMPLERS = {"policy": "PolicyModel", "pipeline": "PipelineModel"}
+
+def _model_entries(model, adapters, models, settings, sampler="policy", **policy_kw):
     "{name: image model} and {name: where it comes from}: the base model and each adapter folder, or `models`."
     if models is not None:
         if model is not None or adapters: raise ValueError("evaluate_model: pass models= or model= (with adapters=), not both.")
         if not models: raise ValueError("evaluate_model: models= is empty; pass at least one image model.")
         return dict(models), {name: getattr(m, "name", type(m).__name__) for name, m in models.items()}
     if model is None: raise ValueError("evaluate_model: pass model= (a GLM-Image folder or hub id), or models=.")
-    entries, sources = {"base": PipelineModel(model, **settings)}, {"base": str(model)}
+    if sampler not in SAMPLERS: raise ValueError(f"evaluate_model: sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}.")
+    make = (lambda folder=None: PolicyModel(model, folder, **settings, **policy_kw)) if sampler == "policy" else \
+           (lambda folder=None: PipelineModel(model, folder, **settings))
+    entries, sources = {"base": make()}, {"base": str(model)}
     for spec in adapters or ():
         name, eq, folder = str(spec).partition("=") if "=" in str(spec) else ("", "", str(spec))
         folder = Path(folder)
@@ -115,7 +175,7 @@ def _model_entries(model, adapters, models, settings):
                              "training run wrote (e.g. runs/text/adapters), or NAME=FOLDER.")
         name = name or (f"{folder.parent.name}/{folder.name}" if folder.name == "adapters" else folder.name)
         if name in entries: raise ValueError(f"evaluate_model: two models are named {name!r}; name them NAME=FOLDER.")
-        entries[name], sources[name] = PipelineModel(model, folder, **settings), str(folder)
+        entries[name], sources[name] = make(folder), str(folder)
     return entries, sources
 
 def _prompt_set(prompts, split: str) -> PromptDataset:
@@ -142,6 +202,20 @@ def _metric_rewards(metrics, reward_models: dict | None, ocr_min_confidence: flo
     return out
 
 # %% ../nbs/09_evaluation.ipynb #4a4c46ad
+def _batch_sources(rows):
+    "The rows' source images for one batch: None (t2i) or one list per row."
+    have = [r["sources"] is not None for r in rows]
+    if any(have) and not all(have):
+        raise ValueError("evaluate_model: some prompts have source images and some do not; evaluate them separately.")
+    return [r["sources"] for r in rows] if all(have) else None
+
+def _out_of_memory(e: BaseException) -> bool:
+    from glm_grpo_nb.faults import is_out_of_memory, torch
+    if is_out_of_memory(e):
+        if torch.cuda.is_available(): torch.cuda.empty_cache()
+        return True
+    return False
+
 def _generate(entries, rows, out: Path, samples_per_prompt: int, seed: int, progress: bool) -> dict[str, list[Path]]:
     "Every model's images (made only where missing), as {model: [path of image k]}."
     from tqdm.auto import tqdm
@@ -153,13 +227,25 @@ def _generate(entries, rows, out: Path, samples_per_prompt: int, seed: int, prog
         mine = [k for n, k in missing if n == name]
         if not mine: continue
         paths[name][0].parent.mkdir(parents=True, exist_ok=True)
-        for k in mine:
-            row = rows[k // samples_per_prompt]
-            image = m(row["prompt"], seed + k, row["sources"])
-            if not isinstance(image, Image.Image):
-                raise ValueError(f"evaluate_model: model {name!r} returned a {type(image).__name__}, not a PIL image.")
-            atomic_write(paths[name][k], lambda t: image.convert("RGB").save(t, format="PNG"))
-            bar.update(1)
+        size, done = getattr(m, "batch_size", 1) if hasattr(m, "batch") else 1, 0   # a model with .batch makes many at once
+        while done < len(mine):
+            ks = mine[done:done + size]
+            rs = [rows[k // samples_per_prompt] for k in ks]
+            try: images = (m.batch([r["prompt"] for r in rs], [seed + k for k in ks], _batch_sources(rs)) if hasattr(m, "batch")
+                           else [m(rs[0]["prompt"], seed + ks[0], rs[0]["sources"])])
+            except RuntimeError as e:   # out of memory: half the batch (each image has its own seed: the same images)
+                if not _out_of_memory(e) or len(ks) == 1: raise
+                size = len(ks) // 2
+                continue
+            if not isinstance(images, list) or len(images) != len(ks):
+                raise ValueError(f"evaluate_model: model {name!r} returned {type(images).__name__} for {len(ks)} images; "
+                                 "its batch() must return a list with one PIL image per prompt.")
+            for k, image in zip(ks, images):
+                if not isinstance(image, Image.Image):
+                    raise ValueError(f"evaluate_model: model {name!r} returned a {type(image).__name__}, not a PIL image.")
+                atomic_write(paths[name][k], lambda t: image.convert("RGB").save(t, format="PNG"))
+                bar.update(1)
+            done += len(ks)
         if hasattr(m, "close"): m.close()
     bar.close()
     return paths
@@ -337,6 +423,9 @@ def evaluate_model(
     models: dict | None = None,        # {name: image model} instead of model/adapters: model(prompt, seed, sources) -> PIL
     benchmark: str | None = None,      # "cvtg-2k" or "longtext": prompts= is that benchmark's own prompt file(s), scored by its rules
     ocr_min_confidence: float = 0.5,   # lines the OCR reads with less confidence are dropped (PaddleOCR's drop_score is 0.5 too)
+    sampler: str = "policy",           # "policy": batched, as training samples (PolicyModel); "pipeline": the stock pipeline, one image per call
+    batch_size: int = 8,               # images a policy sampler makes at once (halved on out-of-memory)
+    load_in_4bit: bool = False,        # the policy sampler's base weights in NF4
     progress: bool = True,
 ) -> dict:                             # what metrics.json holds
     "Generate and score images of the base model and each adapter folder on the same prompts and seeds; write a report."
@@ -351,16 +440,17 @@ def evaluate_model(
     data = _prompt_set(prompts, split)
     rows = [data[i] for i in range(len(data))]
     gen = dict(height=height, width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, device=device)
-    entries, sources = _model_entries(model, adapters, models, gen)
+    entries, sources = _model_entries(model, adapters, models, gen, sampler, batch_size=batch_size, load_in_4bit=load_in_4bit)
     rewards = _metric_rewards(metrics, reward_models, ocr_min_confidence)
     out = Path(out)
     settings = {"models": sources, "prompts": hashlib.sha256(json.dumps([r["prompt"] for r in rows]).encode()).hexdigest()[:16],
                 "samples_per_prompt": samples_per_prompt, "seed": seed, "height": height, "width": width,
-                "num_inference_steps": num_inference_steps, "guidance_scale": guidance_scale}
+                "num_inference_steps": num_inference_steps, "guidance_scale": guidance_scale,
+                "sampler": "custom" if models is not None else sampler}
     f = out / "settings.json"
     if f.exists():
         before = json.loads(f.read_text())
-        differ = [k for k in _GENERATION if k != "models" and before.get(k) != settings[k]]
+        differ = [k for k in _GENERATION if k != "models" and before.get(k, "pipeline" if k == "sampler" else None) != settings[k]]
         differ += [f"model {n!r}" for n, s in sources.items() if before.get("models", {}).get(n, s) != s]
         if differ: raise ValueError(f"evaluate_model: {out} holds images made with other settings ({', '.join(differ)} "
                                     "differ); pass another out=, or the settings it was made with to resume it.")
