@@ -40,8 +40,9 @@ def module_weight_bytes(module: torch.nn.Module, dtype_bytes: int, quantize=lamb
         if isinstance(m, torch.nn.Linear) and quantize(name, m):
             total += nf4_linear_bytes(m.in_features, m.out_features, m.bias is not None, dtype_bytes)
             seen.update({id(m.weight)} | ({id(m.bias)} if m.bias is not None else set()))
-    for p in list(module.parameters()) + list(module.buffers()):
-        if id(p) not in seen and p.is_floating_point(): total += p.numel() * other_bytes; seen.add(id(p))
+    for name, p in list(module.named_parameters()) + list(module.named_buffers()):
+        if id(p) not in seen and p.is_floating_point():   # transformers keeps rotary frequencies in float32
+            total += p.numel() * (4 if name.endswith("inv_freq") else other_bytes); seen.add(id(p))
     return total
 
 def ar_quantized(name, lin): return not name.endswith("lm_head")       # transformers keeps the head in full precision
@@ -113,9 +114,8 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
     mb = N if micro_batch_size is None else min(micro_batch_size, N)
     ns_ar = N if ar_sample_batch is None else min(ar_sample_batch, N)     # samples per AR / DiT sampling call
     ns_dit = N if dit_sample_batch is None else min(dit_sample_batch, N)
-    fp32_other = 4 if load_in_4bit else None  # peft's k-bit preparation upcasts the non-quantised AR parameters
-    resident = {
-        "AR weights": module_weight_bytes(ar, dtype_bytes, ar_quantized if load_in_4bit else (lambda n, m: False), fp32_other),
+    resident = {   # under 4-bit the AR's other parameters stay in the compute dtype (the policy skips peft's upcast)
+        "AR weights": module_weight_bytes(ar, dtype_bytes, ar_quantized if load_in_4bit else (lambda n, m: False)),
         "DiT weights": module_weight_bytes(dit, dtype_bytes, dit_quantized if load_in_4bit else (lambda n, m: False)),
         "glyph encoder + VAE weights": module_weight_bytes(t5, dtype_bytes) + module_weight_bytes(vae, dtype_bytes),
     }

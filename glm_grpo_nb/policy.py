@@ -19,7 +19,7 @@ from .hub import (AR_LORA_TARGETS, DIT_ADAPTER_FILE, DIT_ADAPTER_PLAIN, DIT_LORA
 import bitsandbytes as bnb
 import torch
 from fastcore.basics import patch
-from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
+from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from peft.tuners.tuners_utils import cast_adapter_dtype
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
@@ -107,10 +107,9 @@ class GlmImagePolicy(torch.nn.Module):
         self._sampler, self._kv, self.max_sampling_caches = None, {}, 2   # see `sampling_model` and `sampling_cache`
         self.sampling_compile = None   # a transformers.CompileConfig for the copy's decode step; None: transformers' default
         ar_cfg = _lora_config(ar_lora, AR_LORA_TARGETS, "ar_lora")
+        # under 4-bit the AR's other parameters stay in the compute dtype: peft's k-bit preparation would make them
+        # float32 (embeddings, norms, head), and with them the residual stream, attention and MLP activations
         with _renamed_checkpointing():
-            if load_in_4bit:   # non-quantised parameters to float32; peft would only checkpoint a transformers-loaded model
-                prepare_model_for_kbit_training(vision_language_encoder, use_gradient_checkpointing=False)
-                vision_language_encoder.requires_grad_(False)
             if gradient_checkpointing:
                 vision_language_encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         dit_cfg = _lora_config(dit_lora, DIT_LORA_TARGETS, "dit_lora")
@@ -406,7 +405,7 @@ def sampling_model(self: GlmImagePolicy) -> GlmImageForConditionalGeneration:
     "The model `sample_tokens` decodes with: the AR itself, or (sampling_copy) the AR around the copy, refreshed."
     if not self.sampling_copy: return self.ar
     if self._sampler is None:
-        dtype = self.dit_dtype   # the compute dtype: k-bit preparation left the AR's other parameters in float32
+        dtype = self.dit_dtype   # the compute dtype (the AR's own under 4-bit too; in float32 on CPU)
         plain = self._build_sampling_lm(dtype)
         outer, inner = copy.copy(self.ar), copy.copy(self.ar.model)   # share every other submodule
         inner._modules = {**self.ar.model._modules, "language_model": plain}
