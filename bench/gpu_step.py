@@ -1,20 +1,28 @@
-"""Benchmark: GRPO steps on GLM-Image at its released size (random weights, built in memory) on one CUDA GPU.
+"""Benchmark: GRPO steps on GLM-Image at its released size (random weights) on one CUDA GPU, every setting in a
+process of its own (one CUDA error or out-of-memory cannot spoil the next setting).
 
-NF4 base weights + rank-16 LoRA on both halves, the sampling copy, 1024x1024, 10 denoising steps, micro-batches of 1:
-for Flow-GRPO (window [0, 1], guidance 1.5) and DiffusionNFT (guidance 1.0), two steps with G=8 x 1 prompt and two with
-G=4 x 2 prompts; then one image-to-image step with a 1024x1024 source. After every run the report so far is written to
---out (default gpu_step.json) and a line is printed, so a run that fails loses nothing before it; a failed run is
-recorded with its error and the next one goes on. The report: per step the seconds of each phase, ms per sampled token,
-the peak allocated / reserved memory of each phase next to `memory.plan`'s prediction, and the ratio statistics of
-the first inner epoch (AR and DiT) with the sampler-vs-trainer gap, and how many graphs dynamo compiled
-(the first step of each run includes compiling the decode step).
+The settings, each with rank-16 LoRA on both halves, the sampling copy, 1024x1024, 10 denoising steps, G = 4 x 2 prompts
+and the trainer's default micro-batches (all of a step's samples, halved on out-of-memory):
+- every DiT objective (flow_grpo, grpo_guard with the moving window, nft, awm, dgpo), each in NF4 and in bf16;
+- decoupled mode (flow_grpo, NF4);
+- image-to-image from a 1024x1024 source (flow_grpo, NF4, two steps).
+Without --model the released architecture with random weights is written once to /dev/shm (about 34 GB; the machine's
+RAM) and every setting loads it with `GlmImagePolicy.from_pretrained`, as users load the release.
+
+Per step the report (--out, default gpu_step.json, rewritten after every setting) holds: the seconds of each phase the
+trainer times (sample_ar, sample_dit, decode, reward, prepare, update_ar, update_dit, optimizer) and of the whole
+`step()`, ms per sampled token, the peak allocated / reserved memory of each phase next to `memory.plan`'s prediction
+for the same setting, the first inner epoch's ratio extremes (AR, DiT) and `ar/sampler_gap`, every `lowered/*` (a batch
+halved after running out of memory), whether the step was skipped and why; per setting the build seconds, the resident
+memory after loading and dynamo's graph counts (the first step includes compiling the decode step).
 Run from the repository root on a machine with CUDA:
-python -m bench.gpu_step [--quick] [--model FOLDER_OR_HUB_ID] [--out FILE]
-(--model: load with `GlmImagePolicy.from_pretrained`, e.g. zai-org/GLM-Image or a folder written by
-`make_random_glm_image(path=...)`; without it the random model is built in memory)."""
+python -m bench.gpu_step [--quick] [--model FOLDER_OR_HUB_ID] [--only NAME[,NAME]] [--steps N] [--out FILE]
+(--quick: 512x512, one step each, a smoke test; --only: settings by name, see SETTINGS; --tiny: the tiny model on the
+CPU at 64x64, a check of this script itself)."""
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,107 +32,143 @@ from pathlib import Path
 from glm_grpo_nb.cli import ALLOCATOR   # imports no torch
 
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOCATOR)   # as glm-grpo does, before CUDA starts
-import torch
-from PIL import Image
-
-import glm_grpo_nb.trainer as trainer_module
-from glm_grpo_nb.hub import token_grid
-from glm_grpo_nb.memory import GB, plan
-from glm_grpo_nb.policy import GlmImagePolicy
-from glm_grpo_nb.rewards import RednessReward
-from glm_grpo_nb.tiny import make_random_glm_image
-from glm_grpo_nb.trainer import GRPOTrainer
 
 PROMPTS = ["a lighthouse on a cliff at dusk, oil painting", "a bowl of ramen on a wooden table, photo",
            "a poster that says 'GRPO' in bold red letters", "a cat astronaut floating above the earth"]
 PLAN_PHASE = {"sample_ar": ["sample tokens", "build sampling copy (first call)"], "sample_dit": ["sample latents"],
               "decode": ["decode"], "update_ar": ["update AR"], "update_dit": ["update DiT"]}   # trainer phase: plan's
+OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")
+SETTINGS = {f"{o}-{q}": dict(objective=o, load_in_4bit=q == "nf4") for o in OBJECTIVES for q in ("nf4", "bf16")}
+SETTINGS["flow_grpo-nf4-decoupled"] = dict(objective="flow_grpo", load_in_4bit=True, mode="decoupled")
+SETTINGS["flow_grpo-nf4-i2i"] = dict(objective="flow_grpo", load_in_4bit=True, i2i=True, steps=2)
 PEAKS: dict = {}
+
+
+def _arg(name, default=None):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
 
 @contextlib.contextmanager
 def timed_with_memory(seconds: dict, name: str):
     "The trainer's `_timed`, also recording the phase's peak allocated and reserved CUDA memory."
-    torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+    import torch
+    cuda = torch.cuda.is_available()
+    if cuda: torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     try: yield
     finally:
-        torch.cuda.synchronize()
+        if cuda: torch.cuda.synchronize()
         seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
-        a, r = torch.cuda.max_memory_allocated() / GB, torch.cuda.max_memory_reserved() / GB
-        old = PEAKS.get(name, (0.0, 0.0))
-        PEAKS[name] = (max(old[0], a), max(old[1], r))
+        if cuda:
+            a, r = torch.cuda.max_memory_allocated() / 2 ** 30, torch.cuda.max_memory_reserved() / 2 ** 30
+            old = PEAKS.get(name, (0.0, 0.0))
+            PEAKS[name] = (max(old[0], a), max(old[1], r))
 
 
-def run(policy, group_size, prompts_per_step, steps, sources=None, size=1024, objective="flow_grpo"):
+def one_setting(model: str, name: str, size: int, steps: int, tiny: bool) -> dict:
+    "Load the model, run `steps` GRPO steps of setting `name`, return the report (in this process)."
+    import torch
+    from PIL import Image
+    import glm_grpo_nb.trainer as trainer_module
+    from glm_grpo_nb.hub import token_grid
+    from glm_grpo_nb.memory import GB, plan
+    from glm_grpo_nb.policy import GlmImagePolicy
+    from glm_grpo_nb.rewards import RednessReward
+    from glm_grpo_nb.trainer import GRPOTrainer
+    s = SETTINGS[name]
+    trainer_module._timed = timed_with_memory
+    device = "cpu" if tiny else "cuda"
+    t0 = time.perf_counter()
+    policy = GlmImagePolicy.from_pretrained(model, load_in_4bit=s["load_in_4bit"], ar_lora=16, dit_lora=16, device=device,
+                                            torch_dtype=torch.bfloat16, verbose=False)
+    if device == "cuda": torch.cuda.synchronize()
+    out = {"setting": name, **s, "build_seconds": round(time.perf_counter() - t0, 1),
+           "resident_gb": round(torch.cuda.memory_allocated() / GB, 2) if device == "cuda" else None,
+           "sampling_copy": policy.sampling_copy}
+    sources = None
+    if s.get("i2i"):
+        f = Path(tempfile.mkdtemp()) / "source.png"
+        Image.linear_gradient("L").convert("RGB").resize((size, size)).save(f)
+        sources = [str(f)]
     data = [{"prompt": p, **({"source": sources} if sources else {})} for p in PROMPTS]
-    guidance, window = (1.5, [0, 1]) if objective == "flow_grpo" else (1.0, None)
-    t = GRPOTrainer(policy, RednessReward(), data, group_size=group_size, prompts_per_step=prompts_per_step,
-                    height=size, width=size, num_inference_steps=10, sde_window=window, guidance_scale=guidance, micro_batch_size=1,
-                    lr=1e-5, max_consecutive_skips=100, dit_objective=objective)
+    kw = dict(sde_window_schedule="progressive") if s["objective"] == "grpo_guard" else {}
+    t = GRPOTrainer(policy, RednessReward(), data, group_size=4, prompts_per_step=2, height=size, width=size,
+                    num_inference_steps=10, lr=1e-5, max_consecutive_skips=100, dit_objective=s["objective"],
+                    mode=s.get("mode", "joint"), **kw)
+    c = t.config
     gh, gw = token_grid(size, size)
-    pl = plan(height=size, width=size, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=True,
-              lora_rank=16, num_inference_steps=10, sde_window=window, guidance_scale=guidance, micro_batch_size=1,
-              dit_objective=objective,
-              decode_batch=t.config.decode_batch, sampling_copy=policy.sampling_copy,
-              prompt_len=128 + (gh * gw if sources else 0))   # i2i: the source's codes are part of the prompt
+    pl = plan(height=size, width=size, group_size=4, prompts_per_step=2, load_in_4bit=s["load_in_4bit"], lora_rank=16,
+              num_inference_steps=10, sde_window=c.sde_window, guidance_scale=c.guidance_scale,
+              micro_batch_size=c.micro_batch_size, dit_objective=s["objective"], decode_batch=c.decode_batch,
+              sampling_copy=policy.sampling_copy, source_images=1 if sources else 0)
     resident = sum(pl.resident.values()) / GB
-    out = []
-    for _ in range(steps):
+    out.update(plan_peak_gb=round(pl.peak / GB, 2), steps=[])
+    for _ in range(s.get("steps", steps)):
         PEAKS.clear()
+        start = time.perf_counter()
         res = t.step()
+        whole = time.perf_counter() - start
         m, sec = res.metrics, res.seconds
         n_tokens = gh * gw + (0 if sources else 256)   # the large grid, and for t2i the 16x16 preview written first
-        out.append({
-            "seconds": {k: round(v, 2) for k, v in sec.items()}, "step_seconds": round(sum(sec.values()), 1),
-            "ms_per_token": round(1000 * sec["sample_ar"] / n_tokens, 2),
+        out["steps"].append({
+            "seconds": {k: round(v, 2) for k, v in sec.items()}, "step_seconds": round(whole, 1),
+            "untimed_seconds": round(whole - sum(sec.values()), 2),   # what no phase covers (snapshot, logging)
+            "ms_per_token": round(1000 * sec.get("sample_ar", 0.0) / n_tokens, 2),
             "memory_gb": {k: {"allocated": round(a, 2), "reserved": round(r, 2),
                               "plan": round(resident + max(sum(pl.phases.get(ph, {}).values()) for ph in PLAN_PHASE[k]) / GB, 2)
                               if k in PLAN_PHASE else None} for k, (a, r) in PEAKS.items()},
             "ratio": {k: m.get(k) for k in ("ar/ratio_min", "ar/ratio_max", "dit/ratio_min", "dit/ratio_max",
                                             "ar/sampler_gap")},
-            "skipped": res.skipped})
+            "lowered": {k: v for k, v in m.items() if k.startswith("lowered/")},
+            "skipped": res.skipped, "skip_reason": t.skip_reason})
     t.close()
-    return {"plan_peak_gb": round(pl.peak / GB, 2), "steps": out}
-
-
-def dynamo_counts() -> dict:
-    "How many graphs dynamo compiled so far, and its graph breaks (the decode step: one graph, none)."
     from torch._dynamo.utils import counters
-    return {"unique_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
+    out["dynamo"] = {"unique_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
+    return out
+
+
+def main():
+    quick, tiny = "--quick" in sys.argv, "--tiny" in sys.argv
+    size = 64 if tiny else 512 if quick else 1024
+    steps = int(_arg("--steps", 1 if quick or tiny else 2))
+    names = _arg("--only", ",".join(SETTINGS)).split(",")
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown: sys.exit(f"bench.gpu_step: unknown setting(s) {unknown}; the settings: {', '.join(SETTINGS)}.")
+    import torch
+    if not tiny and not torch.cuda.is_available(): sys.exit("bench.gpu_step needs a CUDA GPU (or --tiny, on the CPU).")
+    model, t0 = _arg("--model"), time.perf_counter()
+    report = {"device": "cpu (tiny)" if tiny else torch.cuda.get_device_name(), "torch": torch.__version__,
+              "model": model or ("tiny" if tiny else "random, released architecture"), "size": size, "runs": []}
+    if model is None:
+        if tiny:
+            from glm_grpo_nb.tiny import make_tiny_glm_image
+            model = str(make_tiny_glm_image(Path(tempfile.mkdtemp()) / "tiny"))
+        else:   # built on the GPU in bf16, written once; each setting reads it back
+            from glm_grpo_nb.tiny import make_random_glm_image
+            model = str(make_random_glm_image("cuda", torch.bfloat16, path=Path("/dev/shm") / "glm-image-random"))
+            torch.cuda.empty_cache()
+        report["model_seconds"] = round(time.perf_counter() - t0, 1)
+    out = Path(_arg("--out", "gpu_step.json"))
+    for name in names:
+        t1 = time.perf_counter()
+        cmd = [sys.executable, "-m", "bench.gpu_step", "--one", name, "--model", model, "--size", str(size), "--steps", str(steps)]
+        proc = subprocess.run(cmd + (["--tiny"] if tiny else []), capture_output=True, text=True)
+        lines = proc.stdout.strip().splitlines()
+        try: result = json.loads(lines[-1])
+        except (IndexError, json.JSONDecodeError):   # the process died (a CUDA error, killed): its last words
+            result = {"setting": name, "error": f"exit status {proc.returncode}", "stderr": proc.stderr[-4000:]}
+        report["runs"].append({**result, "seconds": round(time.perf_counter() - t1, 1)})
+        out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"{name}: {'failed, ' + result['error'] if 'error' in result else 'done'} "
+              f"({report['runs'][-1]['seconds']} s), written to {out}", flush=True)
+    print(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available(): sys.exit("bench.gpu_step needs a CUDA GPU.")
-    quick = "--quick" in sys.argv   # 512x512 and one step each: a smoke test of the script
-    size = 512 if quick else 1024
-    trainer_module._timed = timed_with_memory
-    t0 = time.perf_counter()
-    model = sys.argv[sys.argv.index("--model") + 1] if "--model" in sys.argv else None   # a folder or hub id
-    if model is None:   # the released architecture with random weights, built on the GPU (no disk)
-        parts = make_random_glm_image("cuda", torch.bfloat16)
-        policy = GlmImagePolicy.from_components(parts, load_in_4bit=True, ar_lora=16, dit_lora=16, device="cuda")
-    else:               # what users load: transformers' own NF4 loader for the AR
-        policy = GlmImagePolicy.from_pretrained(model, load_in_4bit=True, ar_lora=16, dit_lora=16, device="cuda")
-    torch.cuda.synchronize()
-    report = {"device": torch.cuda.get_device_name(), "model": model or "random, in memory", "torch": torch.__version__, "build_seconds": round(time.perf_counter() - t0, 1),
-              "resident_gb": round(torch.cuda.memory_allocated() / GB, 2), "sampling_copy": policy.sampling_copy, "runs": []}
-    copy = policy.sampling_model() if policy.sampling_copy else None
-    report["sampling_copy_dtype"] = None if copy is None else str(copy.model.language_model.layers[0].mlp.down_proj.weight.dtype)
-    out = Path(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "gpu_step.json")
-    steps = 1 if quick else 2
-    source = Path(tempfile.mkdtemp()) / "source.png"
-    Image.linear_gradient("L").convert("RGB").resize((size, size)).save(source)
-    runs = [dict(objective=o, group_size=g, prompts_per_step=p) for o in ("flow_grpo", "nft") for g, p in ((8, 1), (4, 2))]
-    runs.append(dict(objective="flow_grpo", group_size=4, prompts_per_step=1, sources=[str(source)]))
-    for r in runs:
-        setting = (f"{r['objective']}, G={r['group_size']} x {r['prompts_per_step']} prompts, {size}x{size}"
-                   + (", i2i" if r.get("sources") else ""))
-        t1 = time.perf_counter()
-        try: result = run(policy, steps=1 if r.get("sources") else steps, size=size, **r)
-        except Exception as e:   # recorded; the next setting still runs
-            result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
-        report["runs"].append({"setting": setting, **result, "seconds": round(time.perf_counter() - t1, 1), "dynamo": dynamo_counts()})
-        out.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"{setting}: {'failed, ' + result['error'] if 'error' in result else 'done'}, written to {out}", flush=True)
-    print(json.dumps(report, indent=1))
+    if "--one" in sys.argv:   # a child: one setting, its report as the last line of stdout
+        name = _arg("--one")
+        try: result = one_setting(_arg("--model"), name, int(_arg("--size")), int(_arg("--steps")), "--tiny" in sys.argv)
+        except Exception as e:   # recorded by the parent; the next setting still runs
+            result = {"setting": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
+        print(json.dumps(result))
+    else: main()
