@@ -135,3 +135,70 @@ def test_cfg_free_flow_grpo_on_cuda(tiny_path):
                           kl_type="velocity", train_ar=False)
     m = trainer.step().metrics
     assert abs(m["dit/ratio_min"] - 1) < 1e-3 and abs(m["dit/ratio_max"] - 1) < 1e-3 and m["dit/kl"] >= 0, m
+
+
+def _trainer(tiny_path, load_in_4bit=True, data=("a red square", "a 'HI' sign"), **kw):
+    from glm_grpo_nb.policy import GlmImagePolicy
+    from glm_grpo_nb.rewards import RednessReward
+    from glm_grpo_nb.trainer import GRPOTrainer
+    policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=load_in_4bit, ar_lora=8, dit_lora=8, verbose=False)
+    return GRPOTrainer(policy, RednessReward(), list(data), group_size=4, prompts_per_step=2, num_inference_steps=4, **kw)
+
+
+@pytest.mark.parametrize("load_in_4bit", [True, False], ids=["nf4", "bf16"])
+@pytest.mark.parametrize("objective,kw", [
+    ("grpo_guard", dict(sde_window=[0, 1], sde_window_schedule="progressive")),
+    ("awm", dict(awm_timesteps=2)),
+    ("dgpo", dict(dgpo_timesteps=2)),
+    ("flow_grpo", dict(sde_window=[0, 1])),
+    ("nft", dict(nft_timesteps=2))])
+def test_every_objective_on_cuda_in_both_dtypes(tiny_path, objective, kw, load_in_4bit):
+    """Each DiT objective on CUDA, NF4 and plain bf16 bases: the adapters, the optimiser's state and every old/EMA copy
+    stay float32 on the device, and two steps train without a skip (the window moves for GRPO-Guard)."""
+    trainer = _trainer(tiny_path, load_in_4bit, dit_objective=objective, micro_batch_size=3, **kw)
+    assert trainer.policy.dit_dtype == torch.bfloat16
+    trained = trainer.ar_params + trainer.dit_params
+    assert {(p.dtype, p.device.type) for p in trained} == {(torch.float32, "cuda")}
+    for _ in range(2):
+        m = trainer.step().metrics
+        assert not m["skipped"] and m["dit/grad_norm"] > 0, m
+    states = [s for st in trainer.optimizer.state.values() for s in st.values() if torch.is_tensor(s) and s.dim()]
+    assert states and {(s.dtype, s.device.type) for s in states} == {(torch.float32, "cuda")}
+    copy = getattr(trainer.objectives["dit"], "adapter_copy", None)   # the NFT old adapter, AWM and DGPO EMAs
+    if copy is not None: assert {(w.dtype, w.device.type) for w in copy.weights} == {(torch.float32, "cuda")}
+    if objective == "grpo_guard": assert "sde_window_start" in m
+    trainer.close()
+
+
+def test_i2i_and_decoupled_on_cuda(tiny_path):
+    "Image-to-image (the source's keys and values once per prompt, on the device) and decoupled mode, on CUDA."
+    from PIL import Image
+    src = [Image.linear_gradient("L").convert("RGB").resize((64, 64))]
+    trainer = _trainer(tiny_path, data=[{"prompt": "make it red", "source": src}, {"prompt": "add a dot", "source": src}],
+                       sde_window=[0, 1], micro_batch_size=3)
+    m = trainer.step().metrics
+    assert not m["skipped"] and abs(m["dit/ratio_min"] - 1) < 1e-3 and abs(m["dit/ratio_max"] - 1) < 1e-3, m
+    assert "_sources" not in trainer.policy.__dict__   # released after the update
+    trainer.close()
+    trainer = _trainer(tiny_path, mode="decoupled", sde_window=[0, 1])
+    res = trainer.step()
+    assert not res.skipped and res.dit_images is not None and abs(res.metrics["dit/ratio_max"] - 1) < 1e-3, res.metrics
+    trainer.close()
+
+
+def test_evaluate_and_out_of_memory_retry_on_cuda(tiny_path, monkeypatch):
+    """evaluate() during fit on CUDA, in sampling batches, its caches freed; an out-of-memory error in sampling halves the
+    batch and the step still trains (the retry frees CUDA memory before trying again)."""
+    trainer = _trainer(tiny_path, eval_prompts=["a red field", "a blue field", "a green field"], eval_every=1,
+                       dit_sample_batch=8, ar_sample_batch=2)
+    policy, real = trainer.policy, trainer.policy.sample_latents
+    calls = []
+    def flaky(roll, **kw):
+        calls.append(roll.num_samples)
+        if roll.num_samples > 4: raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(roll, **kw)
+    monkeypatch.setattr(policy, "sample_latents", flaky)
+    hist = trainer.fit(1, progress=False)
+    assert calls[0] == 8 and trainer.config.dit_sample_batch == 4 and hist[-1]["lowered/dit_sample_batch"] == 4
+    assert "eval/reward" in hist[-1] and not policy._kv   # evaluated; its KV caches released
+    trainer.close()
