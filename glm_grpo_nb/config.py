@@ -22,7 +22,7 @@ def setting(default, help: str, choices: tuple | None = None):
     return field(default=default, metadata={"help": help, "choices": choices})
 
 # settings renamed: the old name still works, warning once (checkpoints that store it read back silently)
-RENAMED = {"num_steps": "num_inference_steps"}
+RENAMED = {"num_steps": "num_inference_steps", "dgpo_clip_range": "dit_clip_range"}
 _warned: set[str] = set()
 
 def renamed_settings(settings: dict, where: str) -> dict:
@@ -77,7 +77,8 @@ class GRPOConfig:
                                        "progressive (MixGRPO: from the first step on, moving by sde_window_stride every "
                                        "sde_window_every steps, back to the start past the end) or random (a start drawn "
                                        "from seed and step)", ("fixed", "progressive", "random"))
-    sde_window_every: int = setting(1, "training steps between moves of a progressive or random window")
+    sde_window_every: int | None = setting(None, "training steps between moves of a progressive or random window "
+                                           "(default: 25 when progressive, MixGRPO's shift interval; 1 when random)")
     sde_window_stride: int = setting(1, "denoising steps a progressive window moves by (1: windows overlap)")
     guidance_scale: float | None = setting(None, "DiT classifier-free guidance (<= 1: the conditional branch only; "
                                            "default 1.5 with flow_grpo, 1.0 with nft)")
@@ -97,8 +98,10 @@ class GRPOConfig:
     clip_range: float = setting(0.2, "PPO clip range epsilon")
     clip_range_high: float | None = setting(None, "upper clip range, DAPO's clip-higher (default: clip_range)")
     kl_coef: float = setting(0.0, "weight of the KL to the adapters-off reference")
-    kl_type: str | None = setting(None, "the DiT's KL: mean (of the SDE step, closed form) or velocity; default mean "
-                                  "with flow_grpo, velocity with nft", ("mean", "velocity"))
+    kl_type: str | None = setting(None, "the DiT's KL: mean (Flow-GRPO's code: the step means' squared distance / 2s^2, "
+                                  "so its beta carries over), exact (the SDE step's Gaussian KL: mean's / |dt|) or "
+                                  "velocity (|v - v_ref|^2, the matching objectives' and AWM's Uniform); default mean with "
+                                  "flow_grpo and grpo_guard, velocity otherwise", ("mean", "exact", "velocity"))
     nft_beta: float = setting(1.0, "DiffusionNFT beta: how far the implicit positive and negative policies sit from the old one")
     nft_adv_clip: float = setting(5.0, "DiffusionNFT advantage clip A_max: r = clip(A, -A_max, A_max) / (2 A_max) + 1/2")
     nft_timesteps: int | None = setting(None, "DiffusionNFT noise levels trained per sample and step, drawn from the "
@@ -108,20 +111,33 @@ class GRPOConfig:
     nft_decay_warmup: int = setting(0, "old policy: steps with d = 0 (the old policy is the last one) before d rises")
     awm_timesteps: int | None = setting(None, "AWM: noise levels trained per sample and step, stratified over the "
                                         "schedule's indices 1..0.9 num_inference_steps (default: 6, or all when fewer)")
-    awm_weighting: str = setting("uniform", "AWM: log p = -w(matching error): uniform, sigma (times the noise level) "
-                                 "or ghuber (generalised Huber, p = 1/4)", ("uniform", "sigma", "ghuber"))
-    awm_ema_coef: float = setting(0.0, "AWM: weight of the velocity penalty towards an EMA of the DiT adapter (0: none)")
-    dgpo_timesteps: int | None = setting(None, "DGPO: noise levels per step, shared by all its samples (default: 6, "
-                                         "or all of 1..0.9 num_inference_steps when fewer)")
-    dgpo_beta: float = setting(100.0, "DGPO: beta of the group score S_g")
-    dgpo_clip_range: float = setting(0.02, "DGPO: trust region c of the matching error's ratio")
-    dgpo_reference: str = setting("ema", "DGPO: the reference of the group score: ema (a fast EMA of the DiT adapter) "
-                                  "or base (adapters off)", ("ema", "base"))
+    awm_weighting: str = setting("ghuber", "AWM: log p = -w(matching error): uniform, sigma (times the noise level) "
+                                 "or ghuber (sigma / p times the error to the power p; the authors')", ("uniform", "sigma", "ghuber"))
+    awm_ghuber_power: float = setting(0.25, "AWM: the power p of the ghuber weighting (the authors' ghuber_power)")
+    awm_ema_coef: float = setting(1.0, "AWM: weight of the velocity penalty towards an EMA of the DiT adapter (the "
+                                  "authors' ema_beta; 0: none)")
+    dgpo_timesteps: int | None = setting(None, "DGPO: noise levels per step, drawn without replacement from the "
+                                         "schedule's indices 0..dgpo_trunc_steps and shared by all its samples (default: "
+                                         "4, or all of them when fewer)")
+    dgpo_trunc_steps: int | None = setting(None, "DGPO: the last schedule index trained, the high-noise part (default: "
+                                           "0.6 num_inference_steps, the authors' 6 of 10)")
+    dgpo_beta: float = setting(100.0, "DGPO: beta of the group score S_g (the authors': 100 with the base reference, "
+                                      "2000-5000 with the EMA one)")
+    dgpo_reference: str = setting("base", "DGPO: the reference of the group score: base (adapters off, the authors' "
+                                  "default) or ema (their emaref recipe, with dgpo_beta in the thousands)", ("base", "ema"))
+    dgpo_switch_ema_step: int | None = setting(None, "DGPO: after this many optimiser steps the DiT samples under its EMA, "
+                                               "as the authors do after 200-500 (default: never)")
     matching_adv_clip: float = setting(5.0, "AWM and DGPO: advantages clipped to +-this (AWM also divides by it)")
     ema_decay_rate: float = setting(0.001, "AWM and DGPO's EMA adapter: ema <- d ema + (1 - d) new after each step, "
                                     "d rising by this per step")
     ema_decay_max: float = setting(0.3, "AWM and DGPO's EMA adapter: the largest decay d")
-    num_inner_epochs: int = setting(1, "optimiser steps per sampled batch")
+    num_inner_epochs: int = setting(1, "passes over each sampled batch")
+    updates_per_batch: int | None = setting(None, "optimiser steps per pass over a sampled batch, each on an equal share "
+                                            "of its groups (prompts_per_step must be a multiple); default the objective's "
+                                            "recipe: 2 for flow_grpo and grpo_guard (Flow-GRPO's), 1 for nft, awm, dgpo")
+    dit_clip_range: float | None = setting(None, "the DiT's clip range, beside the AR's clip_range: PPO's epsilon for "
+                                           "flow_grpo, grpo_guard and awm, the trust region for dgpo; default the "
+                                           "objective's recipe: 1e-4 flow_grpo and grpo_guard, 1 awm, 1e-2 dgpo")
     micro_batch_size: int | None = setting(None, "samples per forward/backward in the update (default: all at once)")
     decode_batch: int = setting(2, "images the VAE decodes at once (at 1024x1024 each costs about 3 GB)")
     ar_sample_batch: int | None = setting(None, "samples the AR draws at once (default: all of a step's)")
@@ -150,8 +166,13 @@ class GRPOConfig:
 
     def __post_init__(self):
         objective = _objective(self.dit_objective)   # a name it does not know is refused here, with the known ones
-        for name, default in objective.defaults.items():
-            if getattr(self, name) is None: setattr(self, name, default)
+        resolved = {**objective.defaults, "sde_window_every": 25 if self.sde_window_schedule == "progressive" else 1,
+                    "dgpo_trunc_steps": round(0.6 * self.num_inference_steps) if isinstance(self.num_inference_steps, int) else None}
+        self._defaulted = {name for name in resolved if getattr(self, name) is None}   # `replace` resolves them again
+        for name in self._defaulted: setattr(self, name, resolved[name])
+        if "updates_per_batch" in self._defaulted and isinstance(self.prompts_per_step, int) and self.prompts_per_step >= 1:
+            # the recipe's optimiser steps, or the most that share this step's prompts out evenly
+            self.updates_per_batch = max(d for d in range(1, self.updates_per_batch + 1) if self.prompts_per_step % d == 0)
         for f in dataclasses.fields(self):
             choices, v = f.metadata["choices"], getattr(self, f.name)
             if choices and v not in choices and not (f.name == "dit_objective" and not isinstance(v, str)):
@@ -161,7 +182,8 @@ class GRPOConfig:
                           ("ar_sample_batch", 1), ("dit_sample_batch", 1), ("eval_every", 0), ("save_every", 0),
                           ("keep_checkpoints", 1), ("seed", 0), ("max_consecutive_skips", 0), ("keep_results", 1),
                           ("nft_timesteps", 1), ("nft_decay_warmup", 0), ("sde_window_every", 1),
-                          ("sde_window_stride", 1), ("awm_timesteps", 1), ("dgpo_timesteps", 1), ("log_images_every", 0)):
+                          ("sde_window_stride", 1), ("awm_timesteps", 1), ("dgpo_timesteps", 1), ("log_images_every", 0),
+                          ("updates_per_batch", 1), ("dgpo_trunc_steps", 0), ("dgpo_switch_ema_step", 0)):
             self._integer(name, low)
         trackers = [t.strip() for t in str(self.report_to).split(",")]
         if not isinstance(self.report_to, str) or not set(trackers) <= set(TRACKERS) or ("none" in trackers and len(trackers) > 1):
@@ -171,7 +193,7 @@ class GRPOConfig:
                                   ("clip_range_high", 0, True), ("kl_coef", 0, False), ("max_grad_norm", 0, True),
                                   ("weight_decay", 0, False), ("adam_epsilon", 0, True), ("nft_beta", 0, True), ("nft_adv_clip", 0, True),
                                   ("nft_decay_rate", 0, False), ("nft_decay_max", 0, False), ("diversity_warning", 0, False),
-                                  ("awm_ema_coef", 0, False), ("dgpo_beta", 0, True), ("dgpo_clip_range", 0, True),
+                                  ("awm_ema_coef", 0, False), ("dgpo_beta", 0, True), ("dit_clip_range", 0, True), ("awm_ghuber_power", 0, True),
                                   ("matching_adv_clip", 0, True), ("ema_decay_rate", 0, False), ("ema_decay_max", 0, False)):
             self._number(name, low, strict)
         if not (self._finite(self.top_p) and 0 < self.top_p <= 1): raise self._bad("top_p", "in (0, 1]")
@@ -185,6 +207,10 @@ class GRPOConfig:
         if self.nft_decay_max >= 1: raise self._bad("nft_decay_max", "below 1 (at 1 the old policy would never move)")
         if self.ema_decay_max >= 1: raise self._bad("ema_decay_max", "below 1 (at 1 the EMA would never move)")
         if self.diversity_warning >= 1: raise self._bad("diversity_warning", "a fraction below 1")
+        if self.prompts_per_step % self.updates_per_batch:
+            raise ValueError(f"GRPOConfig: updates_per_batch={self.updates_per_batch} optimiser steps share a sampled batch "
+                             f"out by whole prompts, but prompts_per_step={self.prompts_per_step} is not a multiple of it; "
+                             f"pass a prompts_per_step that is, or updates_per_batch=1.")
         objective.check(self)   # what the objective cannot train with
         if self.height is not None or self.width is not None:
             check_image_size(IMAGE_BLOCK if self.height is None else self.height,
@@ -228,9 +254,8 @@ class GRPOConfig:
         if unknown:
             raise ValueError(f"unknown setting(s) {', '.join(unknown)}; GRPOConfig has "
                              f"{', '.join(f.name for f in dataclasses.fields(self))}.")
-        if "dit_objective" in changes:   # a setting left at the old objective's default takes the new one's
-            for name, default in _objective(self.dit_objective).defaults.items():
-                if name not in changes and getattr(self, name) == default: changes[name] = None
+        for name in getattr(self, "_defaulted", ()):   # a setting left to its default follows what it depends on
+            if name not in changes: changes[name] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

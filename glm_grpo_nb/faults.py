@@ -37,13 +37,13 @@ def _snapshot(self: FaultTolerance):
     "Copies of what a step changes: the trained weights, the optimiser state, the counters, the history length and the objectives' state."
     params, state = self._trained, self.optimizer.state
     return ([p.detach().clone() for p in params], [_copy_state(state[p]) if p in state else None for p in params],
-            (self.step_count, self.consecutive_skips, self.skipped_total, len(self.history)),
+            (self.step_count, self.optimizer_steps, self.consecutive_skips, self.skipped_total, len(self.history)),
             {half: o.snapshot() for half, o in self.objectives.items()})
 
 @patch
 def _restore(self: FaultTolerance, snap) -> None:
     "Put back what `_snapshot` copied (copies again, so a snapshot can be restored twice)."
-    weights, state, (self.step_count, self.consecutive_skips, self.skipped_total, n_hist), objectives = snap
+    weights, state, (self.step_count, self.optimizer_steps, self.consecutive_skips, self.skipped_total, n_hist), objectives = snap
     with torch.no_grad():
         for p, w, st in zip(self._trained, weights, state):
             p.copy_(w)
@@ -55,6 +55,22 @@ def _restore(self: FaultTolerance, snap) -> None:
 @patch
 def _weights_finite(self: FaultTolerance) -> bool:
     return self._everywhere(bool(torch.stack([p.detach().isfinite().all() for p in self._trained]).all().item()))
+
+@patch
+def _reduce_grads(self: FaultTolerance, params):
+    "Average the gradients over processes: one all-reduce of a flat buffer per dtype, not one per parameter."
+    if self.accelerator.num_processes == 1: return
+    for mine in [[p for p in params if p.dtype == d] for d in dict.fromkeys(p.dtype for p in params)]:
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in mine])
+        flat = self.accelerator.reduce(flat, reduction="mean")
+        for p, g in zip(mine, flat.split([p.numel() for p in mine])): p.grad = g.view_as(p)
+
+@patch
+def _everywhere(self: FaultTolerance, ok: bool) -> bool:
+    "True only if `ok` holds on every process (so all processes skip or step together)."
+    acc = self.accelerator
+    if acc.num_processes == 1: return bool(ok)
+    return bool(acc.reduce(torch.tensor([float(ok)], device=acc.device), reduction="sum").item() == acc.num_processes)
 
 # %% ../nbs/05d_faults.ipynb #a1f0000c
 @patch

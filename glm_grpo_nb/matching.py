@@ -11,12 +11,12 @@ import torch
 from typing import TYPE_CHECKING
 
 from .nft import NFTPoints
-from .policy import generators, randn_rows
+from .policy import generators, randn_rows, to_host
 if TYPE_CHECKING: from glm_grpo_nb.flow import LatentTrajectory  # stages never import each other at run time
 
 # %% auto #0
 __all__ = ['AWM_WEIGHTINGS', 'matching_error', 'awm_logprob', 'clipped_advantages', 'dgpo_group_weights', 'dgpo_loss',
-           'timestep_range', 'awm_points', 'dgpo_points']
+           'timestep_range', 'awm_indices', 'dgpo_range', 'awm_points', 'dgpo_points', 'point_values']
 
 # %% ../nbs/02d_matching.ipynb #a228b4f5
 AWM_WEIGHTINGS = ("uniform", "sigma", "ghuber")
@@ -63,30 +63,53 @@ def dgpo_loss(error: torch.Tensor, old_error: torch.Tensor, advantages: torch.Te
 
 # %% ../nbs/02d_matching.ipynb #479d4d23
 def timestep_range(num_steps: int) -> list[int]:
-    "The schedule indices AWM and DGPO train at: 1 .. 0.9 S (not the pure-noise first step, nor the last tenth)."
-    if num_steps < 2: return [0]
-    return list(range(1, max(2, int(0.9 * num_steps) + 1)))[:max(1, num_steps - 1)]
+    "The schedule indices AWM trains at: 1 up to, not including, int(0.9 S) (its authors' support), else the one there is."
+    top = int(0.9 * num_steps)
+    return list(range(1, top)) if top > 1 else [min(1, num_steps - 1)]
 
-def _stratified(indices: list[int], count: int, generator: torch.Generator) -> torch.Tensor:
-    "One index drawn from each of `count` equal parts of `indices`."
-    if not 1 <= count <= len(indices):
-        raise ValueError(f"{count} timesteps from {len(indices)} schedule indices ({indices[0]}..{indices[-1]}); "
-                         f"pass at most {len(indices)} (or more denoising steps).")
-    return torch.stack([p[torch.randint(len(p), (), generator=generator)]
-                        for p in torch.tensor_split(torch.tensor(indices), count)])
+def awm_indices(num_steps: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    "AWM's stratified draw: one index in each [b_i, b_i+1), b = floor(linspace(1, int(0.9 S), count + 1)) (the authors')."
+    allowed = timestep_range(num_steps)
+    if not 1 <= count <= len(allowed):
+        raise ValueError(f"{count} timesteps from {len(allowed)} schedule indices ({allowed[0]}..{allowed[-1]}); "
+                         f"pass at most {len(allowed)} (or more denoising steps).")
+    if len(allowed) == 1: return torch.tensor(allowed)
+    b = torch.linspace(1, int(0.9 * num_steps), count + 1).long()
+    u = torch.rand(count, generator=generator)
+    return b[:-1] + (u * (b[1:] - b[:-1])).long()
+
+def dgpo_range(num_steps: int, trunc_steps: int) -> list[int]:
+    "The schedule indices DGPO trains at: 0 .. trunc_steps, the high-noise part (its authors' train_timesteps)."
+    return list(range(0, min(trunc_steps, num_steps - 1) + 1))
 
 def awm_points(traj: LatentTrajectory, num_timesteps: int, seeds: list[int]) -> NFTPoints:
-    "Per sample: `num_timesteps` schedule indices stratified over 1..0.9S and their noise, from the sample's seed."
+    "Per sample: `num_timesteps` schedule indices stratified over AWM's support and their noise, from the sample's seed."
     if len(seeds) != traj.num_samples: raise ValueError(f"awm_points: {len(seeds)} seeds for {traj.num_samples} samples.")
-    gens, allowed = generators(seeds), timestep_range(traj.num_steps)
-    index = torch.stack([_stratified(allowed, num_timesteps, g) for g in gens])
+    gens = generators(seeds)
+    index = torch.stack([awm_indices(traj.num_steps, num_timesteps, g) for g in gens])
     return NFTPoints(index, randn_rows(gens, (num_timesteps, *traj.latents.shape[2:])))
 
-def dgpo_points(traj: LatentTrajectory, num_timesteps: int, step_seed: int, group_seeds: list[int]) -> NFTPoints:
-    "Schedule indices shared by the whole step (from `step_seed`), noise shared within each group (`group_seeds`)."
-    G = traj.rollout.group_size
+def dgpo_points(traj: LatentTrajectory, num_timesteps: int, step_seed: int, group_seeds: list[int],
+                trunc_steps: int) -> NFTPoints:
+    "`num_timesteps` of 0..trunc_steps drawn without replacement for the whole step (from `step_seed`), noise shared within each group."
+    G, allowed = traj.rollout.group_size, dgpo_range(traj.num_steps, trunc_steps)
     if len(group_seeds) * G != traj.num_samples:
         raise ValueError(f"dgpo_points: {len(group_seeds)} group seeds for {traj.num_samples} samples in groups of {G}.")
-    index = _stratified(timestep_range(traj.num_steps), num_timesteps, torch.Generator().manual_seed(step_seed))
+    if not 1 <= num_timesteps <= len(allowed):
+        raise ValueError(f"dgpo_points: {num_timesteps} timesteps from the {len(allowed)} indices 0..{allowed[-1]}; pass at "
+                         f"most {len(allowed)}, or a larger dgpo_trunc_steps.")
+    index = torch.tensor(allowed)[torch.randperm(len(allowed), generator=torch.Generator().manual_seed(step_seed))[:num_timesteps]]
     noise = randn_rows(generators(group_seeds), (num_timesteps, *traj.latents.shape[2:]))
     return NFTPoints(index.expand(traj.num_samples, -1).clone(), noise.repeat_interleave(G, 0))
+
+def point_values(objective, traj, points, error: bool = False) -> torch.Tensor:
+    "The DiT's velocity [N, K, C, h, w] (or its matching error [N, K], float64) at every noised point, without gradients"
+    " (an objective's policy, in its micro-batches)."
+    N, K = points.sigma_index.shape
+    out = torch.empty(N, K, dtype=torch.float64) if error else torch.empty_like(points.noise)
+    for rows in objective.micro_batches(N):
+        sub = traj.select(rows)
+        for k in range(K):
+            v, u = objective.policy.noised_velocity(sub, points.sigma_index[rows, k], points.noise[rows, k])
+            out[rows, k] = to_host(matching_error(v, u) if error else v)
+    return out

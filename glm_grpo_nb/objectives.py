@@ -14,19 +14,20 @@ import torch
 
 from .loss import aggregate, clipped_surrogate, gaussian_kl, kl_k3
 from .matching import (awm_logprob, awm_points, clipped_advantages, dgpo_group_weights, dgpo_loss, dgpo_points,
-                                  matching_error, timestep_range)
+                                  dgpo_range, matching_error, point_values, timestep_range)
 from .nft import OldAdapter, nft_decay, nft_loss, nft_optimality, nft_points
 from .policy import mix_seed, to_host
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'Objective', 'point_values', 'TokenGRPO', 'FlowGRPO', 'GRPOGuard', 'ForwardProcessObjective',
-           'DiffusionNFT', 'MatchingObjective', 'AWM', 'DGPO', 'objective_class', 'make_objective']
+__all__ = ['OBJECTIVES', 'Objective', 'TokenGRPO', 'FlowGRPO', 'GRPOGuard', 'ForwardProcessObjective', 'DiffusionNFT',
+           'MatchingObjective', 'AWM', 'DGPO', 'objective_class', 'make_objective']
 
 # %% ../nbs/05c_objectives.ipynb #f640a30a
 class Objective(ABC):
     "What one half of the model trains with. The trainer calls these methods and names no objective."
     name: str = ""   # what GRPOConfig.dit_objective (and --dit-objective) calls it
-    defaults: dict = {"guidance_scale": 1.0, "kl_type": "velocity"}   # GRPOConfig settings left unset take these
+    # GRPOConfig settings left unset take these: the objective's published recipe
+    defaults: dict = {"guidance_scale": 1.0, "kl_type": "velocity", "updates_per_batch": 1, "dit_clip_range": 0.2}
 
     @classmethod
     def check(cls, config) -> None:
@@ -69,6 +70,10 @@ class Objective(ABC):
     def begin_epoch(self, data, advantages: torch.Tensor, prepared: dict, epoch: int) -> None:
         "Before each inner epoch's micro-batches, without gradients: what needs the whole batch at the current weights."
 
+    def before_update(self, data, advantages: torch.Tensor, prepared: dict, rows: list[int], first: bool) -> None:
+        "Before each optimiser step, without gradients: what the step's `rows` (whole groups) need at the current weights"
+        " (`first`: the weights are still those that sampled)."
+
     def num_parts(self, prepared: dict) -> int:
         "Backward passes per micro-batch (each part's loss is backpropagated before the next is computed)."
         return 1
@@ -77,8 +82,12 @@ class Objective(ABC):
     def loss(self, data, advantages: torch.Tensor, prepared: dict, part: int) -> tuple[torch.Tensor, dict]:
         "The loss of micro-batch `data` (with gradients) and its metrics; `prepared` holds the micro-batch's rows."
 
-    def after_step(self, step: int) -> dict:
-        "After a successful update (every inner epoch), `step` updates done in all: metrics."
+    def after_update(self, optimizer_steps: int) -> dict:
+        "After each optimiser step, `optimizer_steps` of them done in all (the authors' global_step): metrics."
+        return {}
+
+    def after_step(self, optimizer_steps: int) -> dict:
+        "After a successful training step (all its optimiser steps), `optimizer_steps` done in all: metrics."
         return {}
 
     def snapshot(self):
@@ -101,17 +110,6 @@ class Objective(ABC):
         return {}, {"activations (one noise level, no guidance)": sizes["forward"] + sizes["recompute"]}
 
     def __repr__(self): return f"{type(self).__name__}({self.name!r})"
-
-def point_values(objective: Objective, traj, points, error: bool = False) -> torch.Tensor:
-    "The DiT's velocity [N, K, C, h, w] (or its matching error [N, K], float64) at every noised point, without gradients."
-    N, K = points.sigma_index.shape
-    out = torch.empty(N, K, dtype=torch.float64) if error else torch.empty_like(points.noise)
-    for rows in objective.micro_batches(N):
-        sub = traj.select(rows)
-        for k in range(K):
-            v, u = objective.policy.noised_velocity(sub, points.sigma_index[rows, k], points.noise[rows, k])
-            out[rows, k] = to_host(matching_error(v, u) if error else v)
-    return out
 
 # %% ../nbs/05c_objectives.ipynb #15c8e7c8
 class TokenGRPO(Objective):
@@ -142,7 +140,7 @@ class TokenGRPO(Objective):
 class FlowGRPO(Objective):
     "Flow-GRPO: the clipped surrogate over the stochastic steps' log-probs (+ KL on their means or velocities)."
     name = "flow_grpo"
-    defaults = {"guidance_scale": 1.5, "kl_type": "mean"}
+    defaults = {"guidance_scale": 1.5, "kl_type": "mean", "updates_per_batch": 2, "dit_clip_range": 1e-4}
 
     @classmethod
     def check(cls, config):
@@ -178,12 +176,16 @@ class FlowGRPO(Objective):
         means = extra.pop(0) if want_means else None
         mask = dev(traj.stochastic[None].expand(lp.shape[0], -1))
         new, old, weights = self.surrogate_terms(traj, lp, means, prepared)
-        loss, m = clipped_surrogate(new, old, dev(advantages), mask=mask, clip_range=c.clip_range,
-                                    clip_range_high=c.clip_range_high, aggregation=c.aggregation, weights=weights)
+        loss, m = clipped_surrogate(new, old, dev(advantages), mask=mask, clip_range=c.dit_clip_range,
+                                    aggregation=c.aggregation, weights=weights)
         if kl_on:
             ref = dev(prepared["reference"])
-            kl = (((extra[0] - ref) ** 2).mean() if velocity_kl
-                  else gaussian_kl(means, ref, dev(traj.step_std[traj.stochastic])).mean())
+            if velocity_kl: kl = ((extra[0] - ref) ** 2).mean()
+            else:
+                kl = gaussian_kl(means, ref, dev(traj.step_std[traj.stochastic]))   # [n, k] the steps' exact KL
+                if c.kl_type == "mean" and traj.sde_type == "sde":   # Flow-GRPO's code divides by 2 s^2, not 2 s^2 |dt|
+                    kl = kl * dev((traj.sigmas[1:] - traj.sigmas[:-1]).abs()[traj.stochastic])
+                kl = kl.mean()
             loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
         return loss, m
 
@@ -232,7 +234,7 @@ class GRPOGuard(FlowGRPO):
 class ForwardProcessObjective(Objective):
     "What DiffusionNFT, AWM and DGPO share: ODE sampling, one backward part per noise level of the clean samples' forward"
     " process, the KL on the velocity, and a copy of the DiT's adapter that snapshots put back and checkpoints keep."
-    defaults = {"guidance_scale": 1.0, "kl_type": "velocity"}
+    defaults = {"guidance_scale": 1.0, "kl_type": "velocity", "updates_per_batch": 1, "dit_clip_range": 0.2}
     copy_file = ""   # the adapter copy's file in a checkpoint
 
     @classmethod
@@ -319,9 +321,9 @@ class DiffusionNFT(ForwardProcessObjective):
         m = {"policy_loss": loss.item(), "old_deviate": ((v.detach() - v_old) ** 2).mean().item()}
         return self.velocity_kl(v, points, part, loss, m)
 
-    def after_step(self, step):
+    def after_step(self, optimizer_steps):   # once per sampled batch, its decay from the optimiser steps (the authors')
         c = self.config
-        decay = nft_decay(step, c.nft_decay_rate, c.nft_decay_max, c.nft_decay_warmup)
+        decay = nft_decay(optimizer_steps, c.nft_decay_rate, c.nft_decay_max, c.nft_decay_warmup)
         self.old.update(decay)
         return {"old_decay": decay}
 
@@ -333,20 +335,27 @@ class DiffusionNFT(ForwardProcessObjective):
 
 # %% ../nbs/05c_objectives.ipynb #a5333698
 class MatchingObjective(ForwardProcessObjective):
-    "What AWM and DGPO share: their noise levels, and an EMA of the adapter that follows after each step."
+    "What AWM and DGPO share: noise levels per step, and an EMA of the adapter."
     copy_file = "ema_dit"
     timesteps_setting = ""   # the GRPOConfig setting of the noise levels trained per step
 
+    default_timesteps = 6   # noise levels per step in the authors' recipes
+
+    @classmethod
+    def support(cls, config) -> list[int]:
+        "The schedule indices this objective trains at."
+        return timestep_range(config.num_inference_steps)
+
     @classmethod
     def num_timesteps(cls, config) -> int:
-        "Noise levels per step: the setting, else six or as many as the schedule allows."
+        "Noise levels per step: the setting, else the recipe's or as many as the support has."
         given = getattr(config, cls.timesteps_setting)
-        return min(6, len(timestep_range(config.num_inference_steps))) if given is None else given
+        return min(cls.default_timesteps, len(cls.support(config))) if given is None else given
 
     @classmethod
     def check(cls, config):
         super().check(config)
-        allowed, k = timestep_range(config.num_inference_steps), cls.num_timesteps(config)
+        allowed, k = cls.support(config), cls.num_timesteps(config)
         if k > len(allowed):
             raise ValueError(f"GRPOConfig: {cls.timesteps_setting}={k}, but {cls.name} trains at the schedule's indices "
                              f"{allowed[0]}..{allowed[-1]} ({len(allowed)} of them with num_inference_steps="
@@ -361,9 +370,10 @@ class MatchingObjective(ForwardProcessObjective):
     @property
     def adapter_copy(self): return self.ema
 
-    def after_step(self, step):
+    def follow(self, optimizer_steps) -> dict:
+        "The EMA takes a step towards the adapter: decay min(max, rate · optimiser steps), the authors' linear ramp."
         if self.ema is None: return {}
-        decay = nft_decay(step, self.config.ema_decay_rate, self.config.ema_decay_max)
+        decay = nft_decay(optimizer_steps, self.config.ema_decay_rate, self.config.ema_decay_max)
         self.ema.update(decay)
         return {"ema_decay": decay}
 
@@ -377,8 +387,11 @@ class AWM(MatchingObjective):
     "Advantage Weighted Matching: PPO's clipped surrogate on log p = -w(flow-matching error), against the step's start."
     name = "awm"
     timesteps_setting = "awm_timesteps"
+    defaults = {**MatchingObjective.defaults, "dit_clip_range": 1.0}
 
     def wants_ema(self, config): return config.awm_ema_coef > 0
+
+    def after_step(self, optimizer_steps): return self.follow(optimizer_steps)   # once per sampled batch, as the authors
 
     def prepare(self, traj):
         c, N = self.config, traj.num_samples
@@ -386,7 +399,7 @@ class AWM(MatchingObjective):
         out = {"points": pts}
         with torch.no_grad():   # under the adapters that sampled, for every sample before the first update
             out["old_logprob"] = awm_logprob(point_values(self, traj, pts, error=True), traj.sigmas[pts.sigma_index],
-                                             c.awm_weighting)
+                                             c.awm_weighting, c.awm_ghuber_power)
             if c.kl_coef > 0:
                 with self.policy.reference(): pts.ref_velocity = point_values(self, traj, pts)
             if self.ema is not None:
@@ -398,10 +411,10 @@ class AWM(MatchingObjective):
         idx = pts.sigma_index[:, part]
         v, u = self.policy.noised_velocity(traj, idx, pts.noise[:, part])
         error = matching_error(v, u)
-        logprob = awm_logprob(error, dev(traj.sigmas[idx]), c.awm_weighting)
+        logprob = awm_logprob(error, dev(traj.sigmas[idx]), c.awm_weighting, c.awm_ghuber_power)
         loss, m = clipped_surrogate(logprob[:, None], dev(prepared["old_logprob"][:, part:part + 1]),
                                     dev(clipped_advantages(advantages, c.matching_adv_clip, scale=True)),
-                                    clip_range=c.clip_range, clip_range_high=c.clip_range_high)
+                                    clip_range=c.dit_clip_range)
         loss, m["matching_error"] = loss.float(), error.mean().item()
         if "ema_velocity" in prepared:
             drift = ((v - dev(prepared["ema_velocity"][:, part])) ** 2).mean()
@@ -412,41 +425,60 @@ class DGPO(MatchingObjective):
     "Direct Group Preference Optimization: each sample's matching error weighted by its advantage and its group's score."
     name = "dgpo"
     timesteps_setting = "dgpo_timesteps"
-    defaults = {"guidance_scale": 1.5, "kl_type": "velocity"}   # the authors sample with guidance, train without
+    default_timesteps = 4
+    # the authors sample with guidance and train without; one optimiser step per sampled batch; trust region 1e-2
+    defaults = {**MatchingObjective.defaults, "guidance_scale": 1.5, "dit_clip_range": 1e-2}
 
-    def wants_ema(self, config): return config.dgpo_reference == "ema"
+    @classmethod
+    def support(cls, config): return dgpo_range(config.num_inference_steps, config.dgpo_trunc_steps)
+
+    def wants_ema(self, config): return True   # the trust region is against the fast EMA (and, if chosen, the reference)
+
+    def sampling_adapter(self):   # after the switch step the DiT samples under its EMA, as the authors do
+        c = self.config
+        if self.ema is not None and c.dgpo_switch_ema_step is not None and self.trainer.optimizer_steps > c.dgpo_switch_ema_step:
+            return self.ema.swapped()
+        return contextlib.nullcontext()
 
     def prepare(self, traj):
         c, N, G = self.config, traj.num_samples, traj.rollout.group_size
         seeds = self.seeds(N, salt=6)   # global: a group's first seed is the same on any number of processes
-        pts = dgpo_points(traj, self.num_timesteps(c), mix_seed(c.seed, self.trainer.step_count, 6), seeds[::G])
+        pts = dgpo_points(traj, self.num_timesteps(c), mix_seed(c.seed, self.trainer.step_count, 6), seeds[::G],
+                          c.dgpo_trunc_steps)
+        out = {"points": pts, "error": torch.zeros(N, pts.num_timesteps, dtype=torch.float64)}
+        out["ema_error"], out["group_weight"] = torch.zeros_like(out["error"]), torch.zeros_like(out["error"])
         with torch.no_grad():
-            out = {"points": pts, "old_error": point_values(self, traj, pts, error=True)}
-            with (self.ema.swapped() if self.ema is not None else self.policy.reference()):
-                out["ref_error"] = point_values(self, traj, pts, error=True)
+            if c.dgpo_reference == "base":
+                with self.policy.reference(): out["ref_error"] = point_values(self, traj, pts, error=True)
             if c.kl_coef > 0:
                 with self.policy.reference(): pts.ref_velocity = point_values(self, traj, pts)
         return out, {}
 
-    def begin_epoch(self, traj, advantages, prepared, epoch):
-        "Every group's weight sigmoid(S_g) at this epoch's weights (the first epoch's are those that sampled)."
+    def before_update(self, traj, advantages, prepared, rows, first):
+        "For this optimiser step's groups: their errors now and under the EMA (the trust region's), and their weights."
         c, G, pts = self.config, traj.rollout.group_size, prepared["points"]
+        sub, part = traj.select(rows), pts[rows]
         with torch.no_grad():
-            error = prepared["old_error"] if epoch == 0 else point_values(self, traj, pts, error=True)
-        a = clipped_advantages(advantages.cpu(), c.matching_adv_clip)
-        prepared["group_weight"] = torch.stack([dgpo_group_weights(a, error[:, k], prepared["ref_error"][:, k], G, c.dgpo_beta)
-                                                for k in range(pts.num_timesteps)], 1)
+            error = point_values(self, sub, part, error=True)
+            with self.ema.swapped(): ema_error = point_values(self, sub, part, error=True)
+        prepared["error"][rows], prepared["ema_error"][rows] = error, ema_error
+        ref = ema_error if c.dgpo_reference == "ema" else prepared["ref_error"][rows]
+        a = clipped_advantages(advantages[rows].cpu(), c.matching_adv_clip)
+        prepared["group_weight"][rows] = torch.stack([dgpo_group_weights(a, error[:, k], ref[:, k], G, c.dgpo_beta)
+                                                      for k in range(pts.num_timesteps)], 1)
 
     def loss(self, traj, advantages, prepared, part):
         c, dev, pts = self.config, self.policy.on_device, prepared["points"]
         v, u = self.policy.noised_velocity(traj, pts.sigma_index[:, part], pts.noise[:, part])
         error = matching_error(v, u)
         weight = dev(prepared["group_weight"][:, part])
-        per, frozen = dgpo_loss(error, dev(prepared["old_error"][:, part]),
-                                dev(clipped_advantages(advantages, c.matching_adv_clip)), weight, c.dgpo_clip_range)
+        per, frozen = dgpo_loss(error, dev(prepared["ema_error"][:, part]),
+                                dev(clipped_advantages(advantages, c.matching_adv_clip)), weight, c.dit_clip_range)
         m = {"group_weight": weight.mean().item(), "frozen_fraction": frozen.double().mean().item(),
              "matching_error": error.mean().item()}
         return self.velocity_kl(v, pts, part, per.mean().float(), m)
+
+    def after_update(self, optimizer_steps): return self.follow(optimizer_steps)   # after every optimiser step, as the authors
 
 # %% ../nbs/05c_objectives.ipynb #0da96be0
 OBJECTIVES: dict[str, type[Objective]] = {o.name: o for o in (FlowGRPO, GRPOGuard, DiffusionNFT, AWM, DGPO)}   # the DiT's, by name

@@ -359,7 +359,8 @@ def save(self: RunLoop, directory: str | Path | None = None) -> Path | None:
     ours = self.output_dir is not None and directory.parent == self.output_dir / "checkpoints"
     if acc.is_main_process:
         if self._lock is not None: self._lock.check()
-        state = {"step": self.step_count, "history": self.history, "consecutive_skips": self.consecutive_skips,
+        state = {"step": self.step_count, "optimizer_steps": self.optimizer_steps, "history": self.history,
+                 "consecutive_skips": self.consecutive_skips,
                  "skipped_total": self.skipped_total, "config": self.config.to_dict(), "run": self._run_identity(),
                  "rng": rng_state()}
         tensors = {name: t for o in self.objectives.values() for name, t in o.checkpoint_tensors().items()}
@@ -403,6 +404,8 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
     trainer.optimizer.load_state_dict(opt)
     for o in trainer.objectives.values(): o.load_checkpoint(lambda name: read_tensors(ckpt, name), ckpt)   # e.g. NFT's old adapter
     trainer.step_count, trainer.history = state["step"], state["history"]
+    # a checkpoint written before optimiser steps were counted: one per pass over each step's batch
+    trainer.optimizer_steps = state.get("optimizer_steps", state["step"] * stored.num_inner_epochs)
     trainer.consecutive_skips, trainer.skipped_total = state["consecutive_skips"], state["skipped_total"]
     trainer.changed_settings = {k: (getattr(stored, k), v) for k, v in settings.items() if getattr(stored, k) != v}
     set_rng_state(state["rng"])

@@ -161,6 +161,7 @@ class GRPOTrainer(FaultTolerance, RunLoop, ModelCard):
             import bitsandbytes as bnb
             self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=c.weight_decay, eps=c.adam_epsilon)
         self.step_count, self.history, self.consecutive_skips, self.skipped_total = 0, [], 0, 0
+        self.optimizer_steps = 0   # optimiser steps taken (updates_per_batch per pass): the objectives' decay counters
         self._finishing, self._lowered = False, {}   # the step is updating (see `fit`); batches lowered this step
         self._diversity_warned = False
         self.results = collections.deque(maxlen=c.keep_results)
@@ -340,26 +341,17 @@ def _diversity(self: GRPOTrainer, images) -> float:
     return (acc.reduce(self.policy.on_device(local), reduction="mean").item() if acc.num_processes > 1 else local.item())
 
 @patch
-def _reduce_grads(self: GRPOTrainer, params):
-    "Average the gradients over processes: one all-reduce of a flat buffer per dtype, not one per parameter."
-    if self.accelerator.num_processes == 1: return
-    for mine in [[p for p in params if p.dtype == d] for d in dict.fromkeys(p.dtype for p in params)]:
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in mine])
-        flat = self.accelerator.reduce(flat, reduction="mean")
-        for p, g in zip(mine, flat.split([p.numel() for p in mine])): p.grad = g.view_as(p)
+def _micro_batches(self: GRPOTrainer, rows):
+    "`rows` (a list, or n for 0..n-1) in micro-batches of `micro_batch_size`."
+    rows = list(range(rows)) if isinstance(rows, int) else list(rows)
+    mb = len(rows) if self.config.micro_batch_size is None else self.config.micro_batch_size
+    return [rows[i:i + mb] for i in range(0, len(rows), mb)]
 
 @patch
-def _everywhere(self: GRPOTrainer, ok: bool) -> bool:
-    "True only if `ok` holds on every process (so all processes skip or step together)."
-    acc = self.accelerator
-    if acc.num_processes == 1: return bool(ok)
-    return bool(acc.reduce(torch.tensor([float(ok)], device=acc.device), reduction="sum").item() == acc.num_processes)
-
-@patch
-def _micro_batches(self: GRPOTrainer, n):
-    mb = n if self.config.micro_batch_size is None else self.config.micro_batch_size
-    return [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
-
+def _update_rows(self: GRPOTrainer, n: int) -> list[list[int]]:
+    "The rows of each optimiser step of a pass: group j goes to step j mod k (on any number of processes, alike)."
+    G, k = self.config.group_size, self.config.updates_per_batch
+    return [[r for g in range(j, n // G, k) for r in range(g * G, (g + 1) * G)] for j in range(k)]
 
 # %% ../nbs/05_trainer.ipynb #6797dc03
 @dataclass
@@ -383,7 +375,7 @@ def _halves(self: GRPOTrainer, s: Sample, adv, dit_adv) -> list[tuple]:
 
 @patch
 def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
-    "One GRPO update from a Sample: advantages, each trained half's objective, `num_inner_epochs` optimiser steps."
+    "One GRPO update from a Sample: advantages, then each trained half's objective over `num_inner_epochs` passes of `updates_per_batch` optimiser steps."
     # All or nothing: if a loss, a gradient or, after an optimiser step, a weight is not finite, weights, optimiser
     # state and the objectives' state go back to `snapshot` (taken here if None)
     c = self.config
@@ -401,47 +393,60 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
         with _timed(sec, "prepare"): prepared[half], m = obj.prepare(data)
         metrics.update({f"{half}/{k}": v for k, v in m.items()})
     snap = self._snapshot() if snapshot is None else snapshot
-    n = len(s.prompts)
+    n, total = len(s.prompts), {}
     for epoch in range(c.num_inner_epochs):
-        self.optimizer.zero_grad(set_to_none=True)
-        finite, agg = True, {}
-        for half, obj, data, a in halves: obj.begin_epoch(data, a, prepared[half], epoch)   # e.g. DGPO's group scores
-        for rows in self._micro_batches(n):
-            w = len(rows) / n
-            for half, obj, data, a in halves:
-                mine = {k: v[rows] for k, v in prepared[half].items()}
-                parts = obj.num_parts(prepared[half])   # one backward each, so one part's activations live at a time
-                for part in range(parts):
-                    pw = w / parts
-                    with _timed(sec, f"update_{half}"):
-                        loss, m = obj.loss(data.select(rows), a[rows], mine, part)
-                        if not torch.isfinite(loss): finite = False
-                        else: (loss * pw).backward()
-                    for k, v in [("loss", loss.item())] + list(m.items()):
-                        key = f"{half}/{k}"
-                        if k.endswith("_min"): agg[key] = min(agg.get(key, v), v)
-                        elif k.endswith("_max"): agg[key] = max(agg.get(key, v), v)
-                        else: agg[key] = agg.get(key, 0.0) + pw * v
-        norms = {}
-        for half, *_ in halves:
-            params = self.ar_params if half == "ar" else self.dit_params
-            self._reduce_grads(params)
-            norms[half] = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm).item()
-            agg[f"{half}/grad_norm"] = norms[half]
-        metrics.update(agg)
-        if not self._everywhere(finite and all(math.isfinite(v) for v in norms.values())):
-            self.skip_reason = f"the loss or a gradient was not finite (inner epoch {epoch})"
-        else:
-            with _timed(sec, "optimizer"): self.optimizer.step()
-            if not self._weights_finite():
-                self.skip_reason = (f"an adapter weight was not finite after the optimiser step (inner epoch {epoch}); "
-                                    "the learning rate is probably too high")
-        self.optimizer.zero_grad(set_to_none=True)
+        for half, obj, data, a in halves: obj.begin_epoch(data, a, prepared[half], epoch)
+        for j, step_rows in enumerate(self._update_rows(n)):   # updates_per_batch optimiser steps, whole groups each
+            self.optimizer.zero_grad(set_to_none=True)
+            finite, agg = True, {}
+            for half, obj, data, a in halves:   # e.g. DGPO's group weights at this step's weights
+                obj.before_update(data, a, prepared[half], step_rows, first=epoch == 0 and j == 0)
+            for rows in self._micro_batches(step_rows):
+                w = len(rows) / len(step_rows)
+                for half, obj, data, a in halves:
+                    mine = {k: v[rows] for k, v in prepared[half].items()}
+                    parts = obj.num_parts(prepared[half])   # one backward each, so one part's activations live at a time
+                    for part in range(parts):
+                        pw = w / parts
+                        with _timed(sec, f"update_{half}"):
+                            loss, m = obj.loss(data.select(rows), a[rows], mine, part)
+                            if not torch.isfinite(loss): finite = False
+                            else: (loss * pw).backward()
+                        for k, v in [("loss", loss.item())] + list(m.items()):
+                            key = f"{half}/{k}"
+                            if k.endswith("_min"): agg[key] = min(agg.get(key, v), v)
+                            elif k.endswith("_max"): agg[key] = max(agg.get(key, v), v)
+                            else: agg[key] = agg.get(key, 0.0) + pw * v
+            norms = {}
+            for half, *_ in halves:
+                params = self.ar_params if half == "ar" else self.dit_params
+                self._reduce_grads(params)
+                norms[half] = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm).item()
+                agg[f"{half}/grad_norm"] = norms[half]
+            if epoch == 0 and j == 0:   # the first optimiser step is at the weights that sampled: its ratios are 1
+                metrics.update({k.replace("/ratio_", "/first_ratio_"): v for k, v in agg.items() if "/ratio_m" in k})
+            for k, v in agg.items():   # over all optimiser steps: extremes, and means with equal weight per step
+                if k.endswith("_min"): total[k] = min(total.get(k, v), v)
+                elif k.endswith("_max"): total[k] = max(total.get(k, v), v)
+                else: total[k] = total.get(k, 0.0) + v / (c.num_inner_epochs * c.updates_per_batch)
+            if not self._everywhere(finite and all(math.isfinite(v) for v in norms.values())):
+                self.skip_reason = f"the loss or a gradient was not finite (inner epoch {epoch}, optimiser step {j})"
+            else:
+                with _timed(sec, "optimizer"): self.optimizer.step()
+                if not self._weights_finite():
+                    self.skip_reason = (f"an adapter weight was not finite after the optimiser step (inner epoch {epoch}); "
+                                        "the learning rate is probably too high")
+                else:
+                    self.optimizer_steps += 1
+                    for half, obj, *_ in halves: metrics.update({f"{half}/{k}": v for k, v in obj.after_update(self.optimizer_steps).items()})
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.skip_reason is not None: break
         if self.skip_reason is not None:
-            self._restore(snap)   # the whole step is undone, earlier inner epochs included
+            self._restore(snap)   # the whole step is undone, earlier optimiser steps included
             break
+    metrics.update(total)
     if self.skip_reason is None:   # e.g. DiffusionNFT's old adapter follows (restored with the step if it fails)
-        for half, obj, *_ in halves: metrics.update({f"{half}/{k}": v for k, v in obj.after_step(self.step_count + 1).items()})
+        for half, obj, *_ in halves: metrics.update({f"{half}/{k}": v for k, v in obj.after_step(self.optimizer_steps).items()})
     metrics["skipped"] = float(self.skip_reason is not None)
     self.policy.release_sources()   # the i2i sources' keys and values of weights that have changed
     return UpdateResult(metrics, adv, dit_adv, sec)
