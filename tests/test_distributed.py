@@ -97,7 +97,8 @@ def test_accelerate_launch_of_the_cli_equals_one_process(glm_grpo, tiny_path, tm
     (tmp_path / "p.txt").write_text("a red square\na blue field\na green circle\na yellow sun\n")
     common = ["train", "--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt"), "--reward", "redness", "--steps", "2",
               "--group-size", "2", "--num-inference-steps", "4", "--ar-lora", "4", "--dit-lora", "4", "--lr", "3e-3",
-              "--adam-epsilon", "1e-4"]   # a smooth step: see ddp_update.py
+              "--adam-epsilon", "1e-4",   # a smooth step: see ddp_update.py
+              "--updates-per-batch", "1"]   # one prompt per process has one group to share out (ddp_update runs 2)
     run([glm_grpo, *common, "--prompts-per-step", "2", "--out", str(tmp_path / "one")])
     accelerate = str(Path(sys.executable).parent / "accelerate")
     run([accelerate, "launch", "--config_file", str(root / "examples" / "accelerate" / "multi_gpu.yaml"), "--num_processes", "2",
