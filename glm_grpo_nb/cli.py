@@ -336,6 +336,9 @@ def plan(
                   reward_model_params=reward_model_params, source_images=source_images, ar_sample_batch=ar_sample_batch,
                   dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts, budget_gb=budget_gb)
     p.suggestions = [_flags(ch) for ch in p.changes] + p.suggestions[len(p.changes):]   # as options of this command
+    recipe = GRPOConfig(dit_objective=dit_objective, prompts_per_step=prompts_per_step)   # what train resolves it to
+    from glm_grpo_nb.objectives import objective_class
+    print(f"{dit_objective}'s recipe: " + ", ".join(f"{k}={getattr(recipe, k)!r}" for k in objective_class(dit_objective).defaults))
     print(p)
     return 0 if p.fits else 1
 

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import torch
 
-from .loss import aggregate, clipped_surrogate, gaussian_kl, kl_k3
+from .loss import clipped_surrogate, gaussian_kl
 from .matching import (awm_logprob, awm_points, clipped_advantages, dgpo_group_weights, dgpo_loss, dgpo_points,
                                   dgpo_range, matching_error, point_values, timestep_range)
 from .nft import OldAdapter, nft_decay, nft_loss, nft_optimality, nft_points
 from .policy import mix_seed, to_host
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'Objective', 'TokenGRPO', 'FlowGRPO', 'GRPOGuard', 'ForwardProcessObjective', 'DiffusionNFT',
-           'MatchingObjective', 'AWM', 'DGPO', 'objective_class', 'make_objective']
+__all__ = ['OBJECTIVES', 'Objective', 'FlowGRPO', 'GRPOGuard', 'ForwardProcessObjective', 'DiffusionNFT', 'MatchingObjective',
+           'AWM', 'DGPO', 'objective_class', 'make_objective']
 
 # %% ../nbs/05c_objectives.ipynb #f640a30a
 class Objective(ABC):
@@ -110,31 +110,6 @@ class Objective(ABC):
         return {}, {"activations (one noise level, no guidance)": sizes["forward"] + sizes["recompute"]}
 
     def __repr__(self): return f"{type(self).__name__}({self.name!r})"
-
-# %% ../nbs/05c_objectives.ipynb #15c8e7c8
-class TokenGRPO(Objective):
-    "Token-level GRPO for the AR: the clipped surrogate per token (+ k3 KL to the adapters-off reference)."
-    name = "grpo"
-
-    def prepare(self, roll) -> tuple[dict, dict]:
-        c, pol, out = self.config, self.policy, {}
-        with torch.no_grad():
-            if c.kl_coef > 0:
-                with pol.reference(): out["ref_logprobs"] = to_host(pol.token_logprobs(roll, micro_batch_size=c.micro_batch_size))
-            out["old_logprobs"] = torch.cat([to_host(pol.token_logprobs(roll.select(rows)))
-                                             for rows in self.micro_batches(roll.num_samples)])
-        gap = (roll.logprobs - out["old_logprobs"]).abs()[roll.completion_mask].mean().item()
-        return out, {"sampler_gap": gap}
-
-    def loss(self, roll, advantages, prepared, part):
-        c, dev = self.config, self.policy.on_device
-        lp, mask = self.policy.token_logprobs(roll), dev(roll.completion_mask)
-        loss, m = clipped_surrogate(lp, dev(prepared["old_logprobs"]), dev(advantages), mask=mask, clip_range=c.clip_range,
-                                    clip_range_high=c.clip_range_high, aggregation=c.aggregation)
-        if "ref_logprobs" in prepared:
-            kl = aggregate(kl_k3(lp, dev(prepared["ref_logprobs"]), mask), mask, c.aggregation)
-            loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
-        return loss, m
 
 # %% ../nbs/05c_objectives.ipynb #901253f0
 class FlowGRPO(Objective):
@@ -474,8 +449,8 @@ class DGPO(MatchingObjective):
         weight = dev(prepared["group_weight"][:, part])
         per, frozen = dgpo_loss(error, dev(prepared["ema_error"][:, part]),
                                 dev(clipped_advantages(advantages, c.matching_adv_clip)), weight, c.dit_clip_range)
-        m = {"group_weight": weight.mean().item(), "frozen_fraction": frozen.double().mean().item(),
-             "matching_error": error.mean().item()}
+        m = {"group_weight": weight.mean().item(), "group_weight_min": weight.min().item(), "group_weight_max": weight.max().item(),
+             "frozen_fraction": frozen.double().mean().item(), "matching_error": error.mean().item()}
         return self.velocity_kl(v, pts, part, per.mean().float(), m)
 
     def after_update(self, optimizer_steps): return self.follow(optimizer_steps)   # after every optimiser step, as the authors
@@ -493,3 +468,9 @@ def objective_class(objective, where: str = "GRPOConfig") -> type[Objective]:
 def make_objective(objective) -> Objective:
     "A new objective for a name, or the object itself."
     return objective if isinstance(objective, Objective) else objective_class(objective)()
+
+def __getattr__(name):   # the AR's objective lives in token_grpo (it builds on Objective); importable from here too
+    if name == "TokenGRPO":
+        from glm_grpo_nb.token_grpo import TokenGRPO
+        return TokenGRPO
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

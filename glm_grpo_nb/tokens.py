@@ -380,6 +380,7 @@ def token_logprobs(
     self: GlmImagePolicy,
     rollout: TokenRollout,
     micro_batch_size: int | None = None,  # samples per forward (None: all at once)
+    truncated: bool = True,               # the rollout's top-k / top-p; False: the whole codebook at its temperature
 ) -> torch.Tensor:                          # [N, T] log-probs, with grad through the LoRA adapters; 0 where masked
     "Teacher-forced log-probs of the rollout's tokens under the current policy and the rollout's sampling settings."
     N, T = rollout.num_samples, rollout.completion.shape[1]
@@ -395,7 +396,8 @@ def token_logprobs(
             attn = self.on_device(torch.cat([rollout.attention_mask[rows], torch.ones(seq.shape[0], T - 1, dtype=torch.long)], 1))
             with torch.no_grad(): pos = self._position_ids(rollout, rows)
             logits = self.ar(input_ids=seq, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=T).logits
-            logp = sampling_logits(logits, self.codebook_size, rollout.temperature, rollout.top_k, rollout.top_p).log_softmax(-1)
+            k, p = (rollout.top_k, rollout.top_p) if truncated else (0, 1.0)
+            logp = sampling_logits(logits, self.codebook_size, rollout.temperature, k, p).log_softmax(-1)
             target = self.on_device(rollout.completion[rows]).clamp(max=logp.shape[-1] - 1)
             lp = logp.gather(-1, target[..., None])[..., 0]
             out.append(torch.where(self.on_device(rollout.completion_mask[rows]), lp, torch.zeros_like(lp)))
