@@ -85,18 +85,29 @@ def _load_head(path):
     key = lambda k: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", k)]
     weights = sorted((k for k, v in state.items() if k.endswith("weight") and v.ndim == 2), key=key)
     if not weights: raise ValueError(f"aesthetic: {path} holds no 2-D weight tensors; expected a linear or MLP head.")
+    # where each Linear sits in its nn.Sequential says what is between them: LAION's linear predictor (layers 0, 2, 4, 6,
+    # 7) has dropout there and no activation; its ReLU predictor (ava+logos-l14-reluMSE: 0, 3, 6, 9, 11) a ReLU after
+    # every layer but the last. Any other spacing could hide an activation this chain would not run: refused.
+    index = [int(m.group(1)) if (m := re.search(r"(\d+)\.weight$", k)) else None for k in weights]
+    gaps = [b - a for a, b in zip(index, index[1:])] if None not in index else [1] * (len(index) - 1)
+    if index == [0, 3, 6, 9, 11]: relu = [True] * 4 + [False]
+    elif all(g in (1, 2) for g in gaps): relu = [False] * len(weights)
+    else:
+        raise ValueError(f"aesthetic: {path} has Linear layers at positions {index} of its Sequential; between them may be "
+                         "activations this loader cannot see. It runs LAION's linear predictor (0, 2, 4, 6, 7), its ReLU "
+                         "predictor (0, 3, 6, 9, 11) and plain chains; save your head as one of those.")
     layers = []
-    for k in weights:
+    for k, act in zip(weights, relu):
         w = state[k].float()
         b = state.get(k[: -len("weight")] + "bias")
-        layers.append((w, b.float() if b is not None else torch.zeros(w.shape[0])))
-    for (w0, _), (w1, _) in zip(layers, layers[1:]):
+        layers.append((w, b.float() if b is not None else torch.zeros(w.shape[0]), act))
+    for (w0, *_), (w1, *_) in zip(layers, layers[1:]):
         if w1.shape[1] != w0.shape[0]: raise ValueError(f"aesthetic: the layers of {path} do not chain ({tuple(w0.shape)} then {tuple(w1.shape)}).")
     if layers[-1][0].shape[0] != 1: raise ValueError(f"aesthetic: the head in {path} must end in one output, not {layers[-1][0].shape[0]}.")
     return layers
 
 class AestheticReward(CLIPScoreReward):
-    "LAION-style aesthetic score: a linear/MLP head on the normalised CLIP image embedding."
+    "LAION-style aesthetic score: a linear or ReLU MLP head on the normalised CLIP image embedding."
     name = "aesthetic"
     def __init__(self, head: str | Path, model: str = "openai/clip-vit-large-patch14", processor: str | None = None,
                  device=None, dtype=None, batch_size: int = 32):
@@ -109,7 +120,9 @@ class AestheticReward(CLIPScoreReward):
 
     def score(self, images, prompts, targets=None, sources=None):
         x = self.image_embeds(images).cpu()
-        for w, b in self.layers: x = x @ w.T + b
+        for w, b, relu in self.layers:
+            x = x @ w.T + b
+            if relu: x = x.clamp_min(0)
         return x[:, 0]
 
 # %% ../nbs/03c_model_rewards.ipynb #cb12fbba
