@@ -1,12 +1,14 @@
 """Benchmark: learning per second of the DiT's own work, for every DiT objective, on the tiny GLM-Image (shipped weights).
 
-Six ways of training the DiT, each with the defaults its authors use:
-  flow_grpo   Flow-GRPO, SDE steps in a fixed window (the first quarter), guidance 1.5 (the library's default);
-  mixgrpo     Flow-GRPO with MixGRPO's moving window (progressive, one step per training step);
+Six ways of training the DiT, each with its authors' recipe (the library's defaults for it, see 05c_objectives):
+  flow_grpo   Flow-GRPO, SDE steps in a fixed window (the first quarter), guidance 1.5, two optimiser steps per
+              sampled batch, clip 1e-4;
+  mixgrpo     Flow-GRPO with MixGRPO's moving window (progressive, moving every 25 steps: its recipe);
   grpo_guard  GRPO-Guard: Flow-GRPO with each step's log-ratio normalised and 1/|dt| weights;
   nft         DiffusionNFT, ODE sampling with the old adapter, no guidance;
-  awm         Advantage Weighted Matching, ODE sampling, no guidance;
-  dgpo        Direct Group Preference Optimization, ODE sampling with guidance 1.5, a fast EMA reference.
+  awm         Advantage Weighted Matching, ODE sampling, no guidance, ghuber weighting, EMA penalty 1, clip 1;
+  dgpo        Direct Group Preference Optimization, guided ODE sampling, noise levels 0..0.6 S, the base reference
+              (beta 100), a trust region of 1e-2 against a fast EMA.
 DiT-only (the AR frozen) and joint (AR + DiT). The reward is redness; the evaluation reward is redness on 12 held-out
 prompts x 2 seeds (24 images, ODE sampling, fixed seeds), logged against steps, training wall-clock and the DiT's own
 seconds (its sampling, decoding and update; the AR's sampling, the same for every method, left out). Each method's
@@ -42,7 +44,9 @@ METHODS = {
 }
 MODES = {"dit": dict(train_ar=False), "joint": dict(train_ar=True, ar_lr=3e-3)}
 LRS = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1)   # the DiT's learning rates searched, the same for every method
-DIT_PHASES = ("sample_dit", "decode", "update_dit")   # the DiT's own work in a step
+DIT_PHASES = ("sample_dit", "decode", "update_dit", "prepare", "optimizer")   # the DiT's own work in a step
+PER_STEP = 4   # prompts per step: two optimiser steps of two prompts for Flow-GRPO's recipe
+TRACKED = ("clip_fraction", "frozen_fraction", "group_weight", "group_weight_min", "group_weight_max")   # per step
 
 
 def run(job):
@@ -55,7 +59,7 @@ def run(job):
     from glm_grpo_nb.trainer import GRPOTrainer
     policy = GlmImagePolicy.from_pretrained(job["tiny"], ar_lora=8, dit_lora=8, device="cpu", lora_seed=job["seed"],
                                             verbose=False)
-    trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=4, prompts_per_step=3, height=64, width=64,
+    trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=4, prompts_per_step=PER_STEP, height=64, width=64,
                           num_inference_steps=8, seed=job["seed"], dit_lr=job["lr"], diversity_warning=0.0,
                           **MODES[job["mode"]], **METHODS[job["method"]])
     evaluate = lambda: sum(trainer.evaluate(EVAL_PROMPTS, seed=s)["eval/reward"] for s in EVAL_SEEDS) / len(EVAL_SEEDS)
@@ -65,7 +69,8 @@ def run(job):
         res = trainer.step()
         seconds += time.perf_counter() - t
         dit_seconds += sum(res.seconds.get(k, 0.0) for k in DIT_PHASES)
-        rows.append({"reward": res.metrics["reward_mean"], "diversity": res.metrics["diversity"], **res.seconds})
+        rows.append({"reward": res.metrics["reward_mean"], "diversity": res.metrics["diversity"], **res.seconds,
+                     **{k: v for k, v in res.metrics.items() if k.startswith("dit/") and k.endswith(TRACKED)}})
         if step % job["eval_every"] == 0 or step == job["steps"]: curve.append((step, seconds, dit_seconds, evaluate()))
     return {**job, "curve": curve, "rows": rows, "skipped": trainer.skipped_total}
 
@@ -120,7 +125,7 @@ def main():
 def report(runs, search, best, a):
     "A markdown table: per method the searched rates and the chosen one; per mode, method and seed the evaluation reward at"
     " the start and the end, the gain per DiT-second, seconds per step (the DiT's part) and the last step's diversity."
-    lines = [f"Tiny GLM-Image, redness, {a.steps} steps of 3 prompts x 4 samples, 64x64, 8 denoising steps; DiT learning "
+    lines = [f"Tiny GLM-Image, redness, {a.steps} steps of {PER_STEP} prompts x 4 samples, 64x64, 8 denoising steps; DiT learning "
              f"rates searched {', '.join(f'{lr:g}' for lr in LRS)} DiT-only on seed {a.seeds[0]}; evaluation: "
              f"{len(EVAL_PROMPTS)} held-out prompts x {len(EVAL_SEEDS)} seeds, ODE.", "",
              "| mode | method | DiT lr (search: final eval per lr) | seed | eval start | eval final | gain per DiT-second | "
@@ -133,6 +138,10 @@ def report(runs, search, best, a):
                 lines.append(f"| {m} | {k} | {best[k]:g} ({found}) | {r['seed']} | {r['curve'][0][-1]:+.3f} | {final(r):+.3f} | "
                              f"{gain_per_dit_second(r):+.4f} | {r['curve'][-1][1] / steps:.2f} ({r['curve'][-1][2] / steps:.2f}) | "
                              f"{r['rows'][0]['diversity']:.3f} -> {r['rows'][-1]['diversity']:.3f} |")
+    lines += ["", "Per method (all runs, every step): " + "; ".join(
+        f"{k}: " + ", ".join(f"{t} {sum(x[f'dit/{t}'] for r in runs if r['method'] == k for x in r['rows']) / n:.3f}"
+                             for t in TRACKED if (n := sum(f'dit/{t}' in x for r in runs if r['method'] == k for x in r['rows'])))
+        for k in METHODS if any(f"dit/{t}" in x for r in runs if r["method"] == k for x in r["rows"] for t in TRACKED))]
     lines += ["", "Fastest per DiT-second, per mode and seed: " + "; ".join(
         f"{m} seed {s}: {max((r for r in runs if (r['mode'], r['seed']) == (m, s)), key=gain_per_dit_second)['method']}"
         for m in MODES for s in sorted({r['seed'] for r in runs}))]
