@@ -1,5 +1,6 @@
 """Benchmark: Flow-GRPO DiT steps on the tiny GLM-Image. Per-step forward and forward+backward time, update time for a
-window of k of S stochastic steps, guidance on vs off. Run from the repository root: python -m bench.dit"""
+window of k of S stochastic steps, guidance on vs off; sampling with Euler after the window against MixGRPO-Flash
+(`ode_solver="flash"`). Run from the repository root: python -m bench.dit"""
 import tempfile
 from pathlib import Path
 
@@ -26,3 +27,12 @@ if __name__ == "__main__":
             upd = timed(update)
             print(f"  window {k:2d}/{S}: recompute forward {fwd:.3f} s ({fwd / k * 1000:.1f} ms/step), "
                   f"forward+backward {upd:.3f} s ({upd / k * 1000:.1f} ms/step)")
+
+    for scale in (1.5, 1.0):   # the ODE after a 2-step window: the pipeline's Euler against MixGRPO-Flash
+        for S in (10, 20):
+            kw = dict(num_steps=S, sde_window=[0, 1], guidance_scale=scale, seed=0)
+            euler = timed(lambda: policy.sample_latents(roll, **kw), 3)
+            flash = timed(lambda: policy.sample_latents(roll, **kw, ode_solver="flash"), 3)
+            steps = policy.sample_latents(roll, **kw, ode_solver="flash").num_steps
+            print(f"{size}x{size}, N={N}, guidance {scale}, {S} steps, window [0, 1]: Euler {euler:.3f} s ({S} DiT steps), "
+                  f"Flash {flash:.3f} s ({steps} DiT steps), {euler / flash:.2f}x")

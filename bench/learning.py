@@ -1,9 +1,10 @@
 """Benchmark: learning per second of the DiT's own work, for every DiT objective, on the tiny GLM-Image (shipped weights).
 
-Six ways of training the DiT, each with its authors' recipe (the library's defaults for it, see 05c_objectives):
+Seven ways of training the DiT, each with its authors' recipe (the library's defaults for it, see 05c_objectives):
   flow_grpo   Flow-GRPO, SDE steps in a fixed window (the first quarter), guidance 1.5, two optimiser steps per
               sampled batch, clip 1e-4;
   mixgrpo     Flow-GRPO with MixGRPO's moving window (progressive, moving every 25 steps: its recipe);
+  mixgrpo_flash  the same with MixGRPO-Flash's second-order ODE on a compressed tail after the window;
   grpo_guard  GRPO-Guard: Flow-GRPO with each step's log-ratio normalised and 1/|dt| weights;
   nft         DiffusionNFT, ODE sampling with the old adapter, no guidance;
   awm         Advantage Weighted Matching, ODE sampling, no guidance, ghuber weighting, EMA penalty 1, clip 1;
@@ -37,6 +38,7 @@ EVAL_SEEDS = (101, 202)
 METHODS = {
     "flow_grpo": dict(dit_objective="flow_grpo"),
     "mixgrpo": dict(dit_objective="flow_grpo", sde_window_schedule="progressive"),
+    "mixgrpo_flash": dict(dit_objective="flow_grpo", sde_window_schedule="progressive", ode_solver="flash"),
     "grpo_guard": dict(dit_objective="grpo_guard"),
     "nft": dict(dit_objective="nft"),
     "awm": dict(dit_objective="awm"),
@@ -93,8 +95,13 @@ def main():
     ap.add_argument("--eval-every", type=int, default=4)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", default="bench/learning_out")
+    ap.add_argument("--methods", nargs="+", default=None, help="only these methods (default: all)")
     ap.add_argument("--from-results", action="store_true", help="only redraw the table and figure from DIR/results.json")
     a = ap.parse_args()
+    if a.methods:
+        unknown = set(a.methods) - set(METHODS)
+        if unknown: ap.error(f"unknown methods {sorted(unknown)}; the methods: {', '.join(METHODS)}")
+        for k in [k for k in METHODS if k not in a.methods]: del METHODS[k]
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     if a.from_results:
         saved = json.loads((out / "results.json").read_text())

@@ -249,6 +249,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'glm_grpo_nb.flow.LatentTrajectory.window': ('flow.html#latenttrajectory.window', 'glm_grpo_nb/flow.py'),
                                   'glm_grpo_nb.flow._length_groups': ('flow.html#_length_groups', 'glm_grpo_nb/flow.py'),
                                   'glm_grpo_nb.flow.concat_trajectories': ('flow.html#concat_trajectories', 'glm_grpo_nb/flow.py'),
+                                  'glm_grpo_nb.flow.dpm_step': ('flow.html#dpm_step', 'glm_grpo_nb/flow.py'),
                                   'glm_grpo_nb.flow.gaussian_logprob': ('flow.html#gaussian_logprob', 'glm_grpo_nb/flow.py'),
                                   'glm_grpo_nb.flow.sde_step': ('flow.html#sde_step', 'glm_grpo_nb/flow.py'),
                                   'glm_grpo_nb.flow.step_logprob': ('flow.html#step_logprob', 'glm_grpo_nb/flow.py')},

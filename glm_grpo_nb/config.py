@@ -79,6 +79,11 @@ class GRPOConfig:
                                        "from seed and step)", ("fixed", "progressive", "random"))
     sde_window_every: int | None = setting(None, "training steps between moves of a progressive or random window "
                                            "(default: 25 when progressive, MixGRPO's shift interval; 1 when random)")
+    ode_solver: str = setting("euler", "the ODE steps after the stochastic window: euler (the pipeline's) or flash "
+                              "(MixGRPO-Flash: second-order DPM-Solver++ on a tail of flash_compress times the steps)",
+                              ("euler", "flash"))
+    flash_compress: float = setting(0.4, "MixGRPO-Flash: the denoising steps after the window, times this (its "
+                                    "dpm_post_compress_ratio)")
     sde_window_stride: int = setting(1, "denoising steps a progressive window moves by (1: windows overlap)")
     guidance_scale: float | None = setting(None, "DiT classifier-free guidance (<= 1: the conditional branch only; "
                                            "default 1.5 with flow_grpo, 1.0 with nft)")
@@ -207,6 +212,7 @@ class GRPOConfig:
         if self.nft_decay_max >= 1: raise self._bad("nft_decay_max", "below 1 (at 1 the old policy would never move)")
         if self.ema_decay_max >= 1: raise self._bad("ema_decay_max", "below 1 (at 1 the EMA would never move)")
         if self.diversity_warning >= 1: raise self._bad("diversity_warning", "a fraction below 1")
+        if not (self._finite(self.flash_compress) and 0 < self.flash_compress <= 1): raise self._bad("flash_compress", "in (0, 1]")
         if self.prompts_per_step % self.updates_per_batch:
             raise ValueError(f"GRPOConfig: updates_per_batch={self.updates_per_batch} optimiser steps share a sampled batch "
                              f"out by whole prompts, but prompts_per_step={self.prompts_per_step} is not a multiple of it; "

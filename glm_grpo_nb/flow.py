@@ -25,7 +25,7 @@ from .policy import GlmImagePolicy, generators, randn_rows, sample_seeds, to_hos
 if TYPE_CHECKING: from glm_grpo_nb.tokens import TokenRollout  # flow never imports tokens at run time
 
 # %% auto #0
-__all__ = ['sde_step', 'gaussian_logprob', 'step_logprob', 'LatentTrajectory', 'concat_trajectories']
+__all__ = ['sde_step', 'dpm_step', 'gaussian_logprob', 'step_logprob', 'LatentTrajectory', 'concat_trajectories']
 
 # %% ../nbs/02b_flow.ipynb #71126461
 def sde_step(
@@ -48,6 +48,22 @@ def sde_step(
         x0, x1 = x - sigma * v, x + (1 - sigma) * v
         return x0 * (1 - sigma_next) + x1 * math.sqrt(max(sigma_next ** 2 - s ** 2, 0.0)), s
     raise ValueError(f"sde_type must be 'sde' or 'cps', got {sde_type!r}.")
+
+def dpm_step(
+    x: torch.Tensor,                 # [n, C, h, w] current latents (fp32)
+    x0: torch.Tensor,                # [n, C, h, w] the model's clean prediction here, x - sigma * v
+    x0_prev: torch.Tensor | None,    # the prediction at the previous step (None: first order)
+    sigma_prev: float | None, sigma: float, sigma_next: float,
+) -> torch.Tensor:
+    "One deterministic DPM-Solver++ step in flow matching (alpha = 1 - sigma): second order (2M, Heun's form) when the"
+    " previous prediction is given, first order otherwise and at the last step (MixGRPO-Flash's ODE solver)."
+    if sigma_next == 0: return x0   # the last step: lambda = +inf, the first-order update lands on x0
+    lam = lambda s: math.log(1 - s) - math.log(s)
+    h = lam(sigma_next) - lam(sigma)
+    out = (sigma_next / sigma) * x - (1 - sigma_next) * math.expm1(-h) * x0
+    if x0_prev is None: return out
+    r = (lam(sigma) - lam(sigma_prev)) / h
+    return out + (1 - sigma_next) * (math.expm1(-h) / h + 1) * (x0 - x0_prev) / r
 
 def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float) -> torch.Tensor:
     "[n] log N(x; mean, std^2 I), averaged over the last three dims."
@@ -118,14 +134,20 @@ def concat_trajectories(trajs: list[LatentTrajectory], pad_id: int) -> LatentTra
 
 # %% ../nbs/02b_flow.ipynb #c03e644a
 @patch
-def _schedule(self: GlmImagePolicy, num_steps, height, width):
-    "The pipeline's timesteps and sigmas for this resolution."
+def _schedule(self: GlmImagePolicy, num_steps, height, width, flash_after: int | None = None, flash_compress: float = 0.4):
+    "The pipeline's timesteps and sigmas for this resolution; with `flash_after`, MixGRPO-Flash's compressed tail."
     pipe, sch = self.pipeline, self.scheduler
     seq_len = (height // pipe.vae_scale_factor) * (width // pipe.vae_scale_factor) // self.transformer.config.patch_size ** 2
     ts = np.linspace(sch.config.num_train_timesteps, 1.0, num_steps + 1)[:-1].astype(np.int64).astype(np.float32)
+    if flash_after is not None and flash_after < num_steps - 1:
+        # MixGRPO-Flash (sampling_utils.run_sample_step): the steps up to the window's last one as they are, then from
+        # the next sigma to 0 in int((S - last) * compress) points, spaced evenly before the shift (at least one step)
+        post = max(int((num_steps - flash_after) * flash_compress), 2)
+        tail = np.linspace(ts[flash_after + 1], 0.0, post)[:-1].astype(np.float32)   # the scheduler appends the 0
+        ts = np.concatenate([ts[:flash_after + 1], tail])
     mu = calculate_shift(seq_len, sch.config.get("base_image_seq_len", 256), sch.config.get("base_shift", 0.25),
                          sch.config.get("max_shift", 0.75))
-    timesteps, _ = retrieve_timesteps(sch, num_steps, "cpu", ts, ts / sch.config.num_train_timesteps, mu=mu)
+    timesteps, _ = retrieve_timesteps(sch, len(ts), "cpu", ts, ts / sch.config.num_train_timesteps, mu=mu)
     return to_host(timesteps.float()), to_host(sch.sigmas.float())
 
 # %% ../nbs/02b_flow.ipynb #9fecfce0
@@ -259,6 +281,8 @@ def sample_latents(
     seed: int | list[int] | None = None,  # an int, or one seed per sample: its initial and SDE noise
     initial_noise: torch.Tensor | None = None,  # [N, C, h, w] starting latents instead of fresh noise
     cps_logprob: str = "density",  # step log-prob: Gaussian "density", or "squared" (Flow-GRPO's CPS form; cps only)
+    ode_solver: str = "euler",   # the ODE steps after the window: "euler" (the pipeline's) or "flash" (MixGRPO-Flash)
+    flash_compress: float = 0.4, # flash: the steps after the window, times this (MixGRPO's dpm_post_compress_ratio)
 ) -> LatentTrajectory:
     "Denoise the rollout's prior tokens with SDE steps in a window; record every latent and step log-prob."
     if not isinstance(num_steps, int) or num_steps < 1: raise ValueError(f"sample_latents: num_steps must be an int >= 1, got {num_steps!r}.")
@@ -267,6 +291,8 @@ def sample_latents(
     if cps_logprob not in ("density", "squared") or (cps_logprob == "squared" and sde_type != "cps"):
         raise ValueError(f"sample_latents: cps_logprob must be 'density', or 'squared' with sde_type='cps'; got "
                          f"{cps_logprob!r} with sde_type={sde_type!r}.")
+    if ode_solver not in ("euler", "flash"): raise ValueError(f"sample_latents: ode_solver must be 'euler' or 'flash', got {ode_solver!r}.")
+    if not 0 < flash_compress <= 1: raise ValueError(f"sample_latents: flash_compress must be in (0, 1], got {flash_compress}.")
     pipe, N = self.pipeline, rollout.num_samples
     H, W = rollout.height, rollout.width
     p, vsf = self.transformer.config.patch_size, pipe.vae_scale_factor
@@ -275,8 +301,9 @@ def sample_latents(
         raise ValueError(f"sample_latents: the rollout has {rollout.prior_token_ids.shape[1]} prior tokens per sample but this DiT needs "
                          f"{want} for {H}x{W} (or its codes exceed the codebook); was it sampled by another policy?")
     window = set(sde_steps(sde_window, num_steps)) if noise_level > 0 else set()
-    timesteps, sigmas = self._schedule(num_steps, H, W)
-    dtype = self.dit_dtype
+    flash_after = max(window) if ode_solver == "flash" and window else None   # Flash: DPM-Solver++ after the window
+    timesteps, sigmas = self._schedule(num_steps, H, W, flash_after, flash_compress)
+    S, dtype = len(timesteps), self.dit_dtype
     gens = generators(sample_seeds(seed, N, "sample_latents: seed"))   # CPU: the same noise on every device
     shape = (N, self.transformer.config.in_channels, H // vsf, W // vsf)
     if initial_noise is not None:
@@ -293,13 +320,14 @@ def sample_latents(
         caches = {P: self._condition_cache(rollout, [r // G for r in rows], dtype) if rollout.images else None
                   for P, rows in groups.items()}
         prior = self.on_device(rollout.prior_token_ids)
-        path, logprobs, stds = [to_host(x)], torch.zeros(N, num_steps), torch.zeros(num_steps)
-        for i in range(num_steps):
+        path, logprobs, stds, x0_prev = [to_host(x)], torch.zeros(N, S), torch.zeros(S), None
+        for i in range(S):
             v = torch.empty_like(x)
             for P, rows in groups.items():
                 v[rows] = self._velocity(x[rows], timesteps[i], prior[rows], embeds[rows, -P:],
                                          None if neg is None else neg[rows], guidance_scale, caches[P], H, W)
             s, s_next = sigmas[i].item(), sigmas[i + 1].item()
+            x0 = x - s * v   # the clean prediction, the multistep solver's history
             if i in window:
                 mean, tau = sde_step(x, v, s, s_next, noise_level, sde_type, sigmas[1].item())
                 if tau > 0:
@@ -308,8 +336,11 @@ def sample_latents(
                     logprobs[:, i] = to_host(step_logprob(x, mean, tau, cps_logprob))
                     stds[i] = tau
                 else: x = mean
+            elif flash_after is not None and i > flash_after:
+                x = dpm_step(x, x0, x0_prev, sigmas[i - 1].item(), s, s_next)
             else:
                 x = x + self.on_device(sigmas[i + 1] - sigmas[i]) * v   # the scheduler's Euler step, in fp32
+            x0_prev = x0
             path.append(to_host(x))
     return LatentTrajectory(rollout=rollout, latents=torch.stack(path, 1), logprobs=logprobs, timesteps=timesteps,
                             sigmas=sigmas, stochastic=stds > 0, step_std=stds, prompt_embeds=to_host(embeds),

@@ -217,6 +217,9 @@ class ForwardProcessObjective(Objective):
         if config.kl_type != "velocity":
             raise ValueError(f"GRPOConfig: dit_objective={cls.name!r} has no SDE steps whose means a KL could compare; "
                              "its KL is on the velocity: pass kl_type='velocity' (or leave it unset).")
+        if config.ode_solver != "euler":
+            raise ValueError(f"GRPOConfig: ode_solver={config.ode_solver!r} changes the ODE steps after flow_grpo's and "
+                             f"grpo_guard's stochastic window; dit_objective={cls.name!r} has no window: leave it 'euler'.")
         if config.sde_window_schedule != "fixed":
             raise ValueError(f"GRPOConfig: sde_window_schedule moves the stochastic steps of flow_grpo and grpo_guard; "
                              f"dit_objective={cls.name!r} samples with the ODE and has none: leave it 'fixed'.")

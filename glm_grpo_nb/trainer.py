@@ -272,7 +272,7 @@ def sample(self: GRPOTrainer, prompts=None, targets=None, sources=None, step: in
     cs = {k: _repeat(v, G) for k, v in (columns or {}).items()}
     score = lambda reward_fn, images: evaluate_reward(reward_fn, images, ps, ts, ss, group_size=G, columns=cs)
     latent_kw = dict(num_steps=c.num_inference_steps, sde_type=c.sde_type, sde_window=c.sde_window_of(step),
-                     guidance_scale=c.guidance_scale, cps_logprob=c.cps_logprob)
+                     guidance_scale=c.guidance_scale, cps_logprob=c.cps_logprob, ode_solver=c.ode_solver, flash_compress=c.flash_compress)
     dit = self.objectives["dit"]   # how the DiT samples for its objective: noise, and under which adapter
     decode = lambda traj: self._retry_oom("decode", len(ps), lambda: pol.decode(traj, self.config.decode_batch))
     with _timed(sec, "sample_ar"):

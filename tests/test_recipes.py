@@ -89,3 +89,16 @@ def test_kl_mean_is_flow_grpos_form(tiny_path):
         kls[kind] = t.step().metrics["dit/kl"]
     dt = (s.trajectory.sigmas[2] - s.trajectory.sigmas[1]).abs().item()
     assert kls["mean"] > 0 and kls["mean"] == pytest.approx(kls["exact"] * dt, rel=1e-5), (kls, dt)
+
+
+def test_mixgrpo_flash_trains(tiny_path):
+    """MixGRPO-Flash (ode_solver='flash'): the window's steps sample and train as before (first ratios 1), the tail after it
+    takes int(0.4 (S - last)) - 1 second-order steps; an objective without a window refuses it."""
+    t = trainer(tiny_path, "flow_grpo", num_inference_steps=10, sde_window=(0, 2), sde_window_schedule="progressive",
+                ode_solver="flash")
+    s = t.sample(step=0)
+    assert s.trajectory.num_steps == 2 + int(0.4 * 8) - 1 and s.trajectory.window == [0, 1]
+    m = t.step().metrics
+    assert not m["skipped"] and m["dit/first_ratio_min"] == m["dit/first_ratio_max"] == 1.0 and m["dit/grad_norm"] > 0
+    with pytest.raises(ValueError, match="has no window"): GRPOConfig(dit_objective="nft", ode_solver="flash")
+    with pytest.raises(ValueError, match="flash_compress must be in"): GRPOConfig(flash_compress=0.0)
