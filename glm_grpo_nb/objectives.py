@@ -70,9 +70,8 @@ class Objective(ABC):
     def begin_epoch(self, data, advantages: torch.Tensor, prepared: dict, epoch: int) -> None:
         "Before each inner epoch's micro-batches, without gradients: what needs the whole batch at the current weights."
 
-    def before_update(self, data, advantages: torch.Tensor, prepared: dict, rows: list[int], first: bool) -> None:
-        "Before each optimiser step, without gradients: what the step's `rows` (whole groups) need at the current weights"
-        " (`first`: the weights are still those that sampled)."
+    def before_update(self, data, advantages: torch.Tensor, prepared: dict, rows: list[int]) -> None:
+        "Before each optimiser step, without gradients: what the step's `rows` (whole groups) need at the current weights."
 
     def num_parts(self, prepared: dict) -> int:
         "Backward passes per micro-batch (each part's loss is backpropagated before the next is computed)."
@@ -432,7 +431,7 @@ class DGPO(MatchingObjective):
                 with self.policy.reference(): pts.ref_velocity = point_values(self, traj, pts)
         return out, {}
 
-    def before_update(self, traj, advantages, prepared, rows, first):
+    def before_update(self, traj, advantages, prepared, rows):
         "For this optimiser step's groups: their errors now and under the EMA (the trust region's), and their weights."
         c, G, pts = self.config, traj.rollout.group_size, prepared["points"]
         sub, part = traj.select(rows), pts[rows]

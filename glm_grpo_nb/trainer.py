@@ -400,7 +400,7 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
             self.optimizer.zero_grad(set_to_none=True)
             finite, agg = True, {}
             for half, obj, data, a in halves:   # e.g. DGPO's group weights at this step's weights
-                obj.before_update(data, a, prepared[half], step_rows, first=epoch == 0 and j == 0)
+                obj.before_update(data, a, prepared[half], step_rows)
             for rows in self._micro_batches(step_rows):
                 w = len(rows) / len(step_rows)
                 for half, obj, data, a in halves:
