@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from peft import prepare_model_for_kbit_training
 
+from bench._bench import KeptForBackward
 from glm_grpo_nb.policy import GlmImagePolicy
 from glm_grpo_nb.tiny import make_tiny_glm_image
 
@@ -26,9 +27,7 @@ if __name__ == "__main__":
             prepare_model_for_kbit_training(pol.ar, use_gradient_checkpointing=False)
             for n, p in pol.ar.named_parameters(): p.requires_grad_("lora_" in n)
         roll = pol.sample_tokens(["a red square", "a blue circle on green"], 4, 64, 64, seed=0)
-        saved = [0]
-        def pack(t): saved[0] += t.numel() * t.element_size(); return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with KeptForBackward() as saved:
             lp = pol.token_logprobs(roll)
         logits_dtype = pol.ar.lm_head.weight.dtype
         diff = (lp.detach().float() - roll.logprobs.float()).abs()[roll.completion_mask]
@@ -40,5 +39,5 @@ if __name__ == "__main__":
             t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
         others = {p.dtype for n, p in pol.ar.named_parameters() if "lora_" not in n and p.__class__.__name__ != "Params4bit"}
         print(f"{'float32 (before)' if upcast else 'bf16 (now)':<18} other parameters {sorted(map(str, others))}, head "
-              f"{logits_dtype}: kept for backward {saved[0] / 2 ** 20:.2f} MB, forward+backward "
+              f"{logits_dtype}: kept for backward {saved.bytes / 2 ** 20:.2f} MB, forward+backward "
               f"{statistics.median(times):.3f} s, sampler gap mean {mean_gap:.4f} largest {gap:.4f}")

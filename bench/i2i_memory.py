@@ -11,6 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench._bench import KeptForBackward
+
 SIZE = 512
 
 def measure(path: str, mode: str) -> dict:
@@ -26,19 +28,18 @@ def measure(path: str, mode: str) -> dict:
     traj = pol.sample_latents(roll, num_steps=4, noise_level=0.8, sde_window=[0, 1], seed=0)
     if hasattr(pol, "release_sources"): pol.release_sources()   # (absent from the code before the change)
     pol.source_grad = mode == "i2i, source with gradient"
-    saved = [0]
-    def pack(t): saved[0] += t.numel() * t.element_size(); return t
+    saved = KeptForBackward()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     passes = []
     hook = pol.transformer.register_forward_pre_hook(
         lambda m, a, kw: passes.append(1) if kw["encoder_hidden_states"].shape[1] == 0 else None, with_kwargs=True)
     for rows in ([0, 1], [2, 3]):   # one update: two micro-batches, each backward before the next
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved:
             lp = pol.latent_logprobs(traj.select(rows))
         lp.sum().backward()
     hook.remove()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return dict(mode=mode, saved_mb=saved[0] / 2 ** 20, peak_rss_rise_mb=(peak - before) / 1024, source_passes=len(passes))
+    return dict(mode=mode, saved_mb=saved.bytes / 2 ** 20, peak_rss_rise_mb=(peak - before) / 1024, source_passes=len(passes))
 
 if __name__ == "__main__":
     if len(sys.argv) == 3:
