@@ -59,16 +59,26 @@ def bootstrap_interval(groups: list[list[float]], level: float = 0.95, resamples
     return float(lo), float(hi)
 
 # %% ../nbs/09_evaluation.ipynb #35ade060
+def _own_size(model, height, width) -> tuple[int, int]:
+    "(height, width), the model's own where not given (the pipeline's default size is not the model's)."
+    if height is not None and width is not None: return height, width
+    from glm_grpo_nb.hub import model_size
+    w0, h0 = model_size(model)
+    return h0 if height is None else height, w0 if width is None else width
+
+def _free_memory():
+    "Collect what a dropped model held (and CUDA's cached blocks): the next model's needs the memory."
+    import gc, torch
+    gc.collect()
+    if torch.cuda.is_available(): torch.cuda.empty_cache()
+
 class PipelineModel:
     "GLM-Image's stock pipeline, optionally with trained adapters: one image per (prompt, seed)."
     def __init__(self, model: str | Path, adapters: str | Path | None = None, height: int | None = None,
                  width: int | None = None, num_inference_steps: int = 20, guidance_scale: float = 1.5,
                  device: str | None = None, torch_dtype=None):
-        from glm_grpo_nb.hub import model_size
         self.model, self.adapters, self.pipe = model, adapters, None
-        if height is None or width is None:   # the model's own size, as the pipeline's default is not
-            w0, h0 = model_size(model)
-            height, width = h0 if height is None else height, w0 if width is None else width
+        height, width = _own_size(model, height, width)
         self.kw = dict(height=height, width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale)
         self.device, self.torch_dtype = device, torch_dtype
 
@@ -92,10 +102,8 @@ class PipelineModel:
 
     def close(self):
         "Free the pipeline (the next model's needs the memory)."
-        import gc, torch
         self.pipe = None
-        gc.collect()
-        if torch.cuda.is_available(): torch.cuda.empty_cache()
+        _free_memory()
 
 class PolicyModel:
     "GLM-Image sampled as training samples it, with trained adapters (unmerged) when given: many images per call."
@@ -107,11 +115,8 @@ class PolicyModel:
                  width: int | None = None, num_inference_steps: int = 20, guidance_scale: float = 1.5,
                  device: str | None = None, torch_dtype=None, batch_size: int = 8, load_in_4bit: bool = False,
                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None):
-        from glm_grpo_nb.hub import model_size
         if not isinstance(batch_size, int) or batch_size < 1: raise ValueError(f"PolicyModel: batch_size must be an int >= 1, got {batch_size!r}.")
-        if height is None or width is None:
-            w0, h0 = model_size(model)
-            height, width = h0 if height is None else height, w0 if width is None else width
+        height, width = _own_size(model, height, width)
         self.model, self.adapters, self.policy, self.batch_size = model, adapters, None, batch_size
         self.height, self.width, self.num_inference_steps, self.guidance_scale = height, width, num_inference_steps, guidance_scale
         self.device, self.torch_dtype, self.load_in_4bit, self.sampling = device, torch_dtype, load_in_4bit, (temperature, top_k, top_p)
@@ -146,10 +151,8 @@ class PolicyModel:
 
     def close(self):
         "Free the policy (the next model's needs the memory)."
-        import gc, torch
         self.policy = None
-        gc.collect()
-        if torch.cuda.is_available(): torch.cuda.empty_cache()
+        _free_memory()
 
 # %% ../nbs/09_evaluation.ipynb #55fcbe0d
 _GENERATION = ("models", "prompts", "samples_per_prompt", "seed", "height", "width", "num_inference_steps", "guidance_scale",
@@ -210,11 +213,11 @@ def _batch_sources(rows):
     return [r["sources"] for r in rows] if all(have) else None
 
 def _out_of_memory(e: BaseException) -> bool:
-    from glm_grpo_nb.faults import is_out_of_memory, torch
-    if is_out_of_memory(e):
-        if torch.cuda.is_available(): torch.cuda.empty_cache()
-        return True
-    return False
+    "Whether `e` is an out-of-memory error (then CUDA's cached blocks are released for the retry)."
+    from glm_grpo_nb.faults import is_out_of_memory
+    oom = is_out_of_memory(e)
+    if oom: _free_memory()
+    return oom
 
 def _generate(entries, rows, out: Path, samples_per_prompt: int, seed: int, progress: bool) -> dict[str, list[Path]]:
     "Every model's images (made only where missing), as {model: [path of image k]}."
