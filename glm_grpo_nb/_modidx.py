@@ -757,6 +757,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'glm_grpo_nb.tiny._char_tokenizer_with': ('tiny.html#_char_tokenizer_with', 'glm_grpo_nb/tiny.py'),
                                   'glm_grpo_nb.tiny._copy_by_token': ('tiny.html#_copy_by_token', 'glm_grpo_nb/tiny.py'),
                                   'glm_grpo_nb.tiny._load_pretrained': ('tiny.html#_load_pretrained', 'glm_grpo_nb/tiny.py'),
+                                  'glm_grpo_nb.tiny._materialise': ('tiny.html#_materialise', 'glm_grpo_nb/tiny.py'),
                                   'glm_grpo_nb.tiny._release_tokenizer': ('tiny.html#_release_tokenizer', 'glm_grpo_nb/tiny.py'),
                                   'glm_grpo_nb.tiny._save_atomically': ('tiny.html#_save_atomically', 'glm_grpo_nb/tiny.py'),
                                   'glm_grpo_nb.tiny._tiny_components': ('tiny.html#_tiny_components', 'glm_grpo_nb/tiny.py'),

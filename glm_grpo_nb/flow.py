@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from PIL import Image
+from .hub import sde_steps   # first: it quiets upstream's harmless notices
 from diffusers import GlmImagePipeline
 from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache
 from diffusers.pipelines.glm_image.pipeline_glm_image import calculate_shift, retrieve_timesteps
 
-from .hub import sde_steps
 from .policy import GlmImagePolicy, generators, randn_rows, sample_seeds, to_host, train_mode
 if TYPE_CHECKING: from glm_grpo_nb.tokens import TokenRollout  # flow never imports tokens at run time
 

@@ -17,8 +17,8 @@ from .objectives import objective_class
 from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, check_image_size, lora_targeted, sde_steps, token_grid
 
 # %% auto #0
-__all__ = ['GB', 'DTYPE_BYTES', 'TRAINED', 'nf4_linear_bytes', 'module_weight_bytes', 'ar_quantized', 'dit_quantized',
-           'real_modules', 'lora_params', 'MemoryPlan', 'plan']
+__all__ = ['GB', 'DTYPE_BYTES', 'RELEASED_LAYERS', 'TRAINED', 'nf4_linear_bytes', 'module_weight_bytes', 'ar_quantized',
+           'dit_quantized', 'real_modules', 'lora_params', 'MemoryPlan', 'plan']
 
 # %% ../nbs/07_memory.ipynb #92176a20
 GB = 1024 ** 3
@@ -57,15 +57,24 @@ def _default_dtype(dtype: torch.dtype | None):
     try: yield
     finally: torch.set_default_dtype(before)
 
-def real_modules(device="meta", dtype: torch.dtype | None = None):
+RELEASED_LAYERS = {"ar": 40, "vision": 40, "dit": 30, "text_encoder": 12}   # layers per stack in the release
+
+def real_modules(device="meta", dtype: torch.dtype | None = None, layers: int | None = None):
     "GLM-Image's released components (AR, DiT, glyph encoder, VAE), random; on the meta device they cost no memory."
+    # layers: that many layers in every stack (the AR's language model and vision encoder, the DiT, the glyph encoder)
+    # at the released width, vocabulary and token ids; None: the released depths
     from diffusers import AutoencoderKL, GlmImageTransformer2DModel
     from transformers import GlmImageConfig, GlmImageForConditionalGeneration, T5Config, T5EncoderModel
+    if layers is not None and (not isinstance(layers, int) or layers < 1):
+        raise ValueError(f"real_modules: layers must be an int >= 1 (or None for the released depths), got {layers!r}.")
+    n = {k: layers or v for k, v in RELEASED_LAYERS.items()}
     with _default_dtype(dtype), torch.device(device):
-        ar = GlmImageForConditionalGeneration(GlmImageConfig(text_config={"rope_parameters": {
-            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12], "partial_rotary_factor": 0.5}}))
-        dit = GlmImageTransformer2DModel(num_layers=30, attention_head_dim=128, num_attention_heads=32)  # the 7B release
-        t5 = T5EncoderModel(T5Config(vocab_size=384, d_model=1472, d_kv=64, d_ff=3584, num_layers=12, num_heads=6,
+        ar = GlmImageForConditionalGeneration(GlmImageConfig(
+            text_config={"num_hidden_layers": n["ar"], "rope_parameters": {
+                "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12], "partial_rotary_factor": 0.5}},
+            vision_config={"depth": n["vision"]}))
+        dit = GlmImageTransformer2DModel(num_layers=n["dit"], attention_head_dim=128, num_attention_heads=32)  # 7B at 30
+        t5 = T5EncoderModel(T5Config(vocab_size=384, d_model=1472, d_kv=64, d_ff=3584, num_layers=n["text_encoder"], num_heads=6,
                                      feed_forward_proj="gated-gelu"))
         vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(128, 256, 512, 512),
                             down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,

@@ -65,8 +65,7 @@ def train_mode(module: torch.nn.Module, on: bool):
 # %% ../nbs/02_policy.ipynb #25eeacaf
 def quantize_4bit(module: torch.nn.Module, compute_dtype: torch.dtype, device, select=lambda name, lin: True) -> int:
     "Replace the Linear layers of `module` for which `select(name, layer)` holds by NF4 `bnb.nn.Linear4bit`; how many."
-    # only names are listed, so each replaced layer is freed as soon as its NF4 twin is in place, and the twin is built on
-    # the meta device, so no float32 weight is allocated and initialised first: building peaks near the model's size
+    # names only are listed, so each layer is freed once its NF4 twin, built on the meta device, is in place
     names = [name for name, lin in module.named_modules()
              if type(lin) is torch.nn.Linear and not lin.in_features % 64 and select(name, lin)]   # 64 per NF4 block
     for name in names:
@@ -197,7 +196,7 @@ def from_pretrained(
 def from_components(
     cls: GlmImagePolicy,
     components: dict,                # processor, tokenizer, text_encoder, vision_language_encoder, transformer, vae, scheduler
-    load_in_4bit: bool = False,      # swap the AR's and the DiT blocks' Linear layers for NF4 (the AR's head stays)
+    load_in_4bit: bool = False,      # swap the AR's and the DiT blocks' Linear layers for NF4 (the AR's head stays; NF4 already there is kept)
     ar_lora: int | LoraConfig | None = None,
     dit_lora: int | LoraConfig | None = None,
     device: str | torch.device | None = None,  # default: CUDA if available
@@ -211,6 +210,8 @@ def from_components(
     if missing: raise ValueError(f"from_components: missing {', '.join(missing)}.")
     device = _device(device)
     parts = dict(components)
+    if not load_in_4bit and any(isinstance(m, bnb.nn.Linear4bit) for m in parts["vision_language_encoder"].modules()):
+        raise ValueError("from_components: the components hold NF4 layers already; pass load_in_4bit=True.")
     for k in ("text_encoder", "vision_language_encoder", "transformer", "vae"): parts[k] = parts[k].to(device)
     if load_in_4bit:
         dtype = parts["transformer"].proj_out.weight.dtype

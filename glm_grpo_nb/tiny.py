@@ -11,13 +11,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
+from .hub import DEFAULT_SIZE, MODEL_INDEX, atomic_folder, check_folder, quiet_io   # first: it quiets upstream's harmless notices
 from tokenizers import AddedToken, Tokenizer, models
 from transformers import (ByT5Tokenizer, GlmImageConfig, GlmImageForConditionalGeneration, GlmImageProcessor,
                           PreTrainedTokenizerFast, T5Config, T5EncoderModel)
 from transformers.models.glm_image.image_processing_pil_glm_image import GlmImageImageProcessorPil
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTransformer2DModel
-
-from .hub import DEFAULT_SIZE, MODEL_INDEX, atomic_folder, check_folder, quiet_io
 
 # %% auto #0
 __all__ = ['RELEASE_IDS', 'RELEASE_PIXELS', 'TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS',
@@ -95,14 +94,50 @@ def _release_tokenizer():
 
 RELEASE_PIXELS = (512 * 512, 2048 * 2048)   # the image sizes GLM-Image makes and takes (its processor's smart_resize)
 
+def _materialise(model: torch.nn.Module, device, quantize=None, compute_dtype=None) -> None:
+    "Give `model`'s meta parameters memory on `device` and random values, one module at a time."
+    # in the order transformers initialises (children before parents, each sub-model with its own `_init_weights`, so a
+    # parent's special init of its children wins); other modules (diffusers') by their own `reset_parameters`. A Linear
+    # layer `quantize(name, layer)` selects becomes NF4 as soon as its parent is initialised: building holds the final
+    # size plus one block in the compute dtype, never the whole dense model
+    from transformers import PreTrainedModel
+    from .policy import quantize_4bit
+    device, made = torch.device(device), {}   # made: a meta parameter's twin, so tied weights stay tied
+    def visit(name, m, init):
+        if isinstance(m, PreTrainedModel): init = m._init_weights
+        for child_name, child in m.named_children(): visit(f"{name}.{child_name}".lstrip("."), child, init)
+        fresh = False
+        for k, p in m._parameters.items():
+            if p is None or not p.is_meta: continue
+            if id(p) not in made:
+                made[id(p)] = torch.nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
+                fresh = True
+            m._parameters[k] = made[id(p)]
+        for k, b in m._buffers.items():
+            if b is not None and b.device != device: m._buffers[k] = b.to(device)
+        with torch.no_grad():
+            if init is not None: init(m)
+            elif fresh and hasattr(m, "reset_parameters"): m.reset_parameters()
+        if quantize is not None:   # its children only: deeper layers are NF4 already, or not selected
+            quantize_4bit(m, compute_dtype, device, lambda n, lin: n and "." not in n and quantize(f"{name}.{n}".lstrip("."), lin))
+    visit("", model, None)
+    left = [n for n, p in model.named_parameters() if p.is_meta]
+    if left: raise RuntimeError(f"make_random_glm_image: parameters left without memory: {left[:5]}")
+
 def make_random_glm_image(
     device: str | torch.device = "cpu",  # where to build it (a GPU: seconds; "meta": no memory, for counting)
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     path: str | Path | None = None,  # write the hub layout here (about 34 GB in bf16) instead of returning the parts
+    layers: int | None = None,       # layers per stack (AR, its vision encoder, DiT, glyph encoder) at full width; None: released
+    load_in_4bit: bool = False,      # NF4 for the AR's and the DiT blocks' Linear layers, as `from_components` makes them
 ) -> dict | Path:                # the components, for `GlmImagePolicy.from_components`; or the folder written
     "GLM-Image at its released architecture and token ids, with random weights: memory and speed checks."
-    from glm_grpo_nb.memory import real_modules
+    from accelerate import init_empty_weights
+    from glm_grpo_nb.memory import ar_quantized, dit_quantized, real_modules
+    if path is not None and load_in_4bit:
+        raise ValueError("make_random_glm_image: the hub layout is written in `dtype`; load it with "
+                         "`GlmImagePolicy.from_pretrained(path, load_in_4bit=True)` to quantise, or leave `path` out.")
     if path is not None:
         path = Path(path).expanduser()
         check_folder(path, "model", "make_random_glm_image")   # before building 17B parameters
@@ -115,7 +150,11 @@ def make_random_glm_image(
         tokenizer=tok, chat_template=template)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        mods = real_modules(device, dtype)
+        if str(device) == "meta": mods = real_modules("meta", dtype, layers)
+        else:   # parameters on the meta device (buffers such as rotary frequencies computed), then made one by one
+            with init_empty_weights(include_buffers=False): mods = real_modules("cpu", dtype, layers)
+            selects = dict(ar=ar_quantized, dit=dit_quantized) if load_in_4bit else {}
+            for k, m in mods.items(): _materialise(m, device, selects.get(k), dtype)
     ar = mods["ar"]
     gc = ar.generation_config
     gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = RELEASE_IDS["image_start"], RELEASE_IDS["image_end"], RELEASE_IDS["pad"]

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
 from PIL import Image
+from .hub import check_image_size, token_grid   # first: it quiets upstream's harmless notices
 import transformers
 from packaging.version import Version
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from .hub import check_image_size, token_grid
 from .policy import GlmImagePolicy, generators, sample_seeds, to_host, train_mode
 
 # the keyword `generate` takes a KV cache by: `cache` from transformers 5.24 on (`past_key_values` is deprecated there)
