@@ -1,0 +1,77 @@
+"""The released model's width, vocabulary, token ids and glyph encoder, one layer per stack: a whole NF4 GRPO step on
+the CPU, in a fresh process (so what bitsandbytes prints on first import is seen too)."""
+import json
+import subprocess
+import sys
+import textwrap
+
+from conftest import clean_env
+
+SCRIPT = textwrap.dedent('''
+    import json
+    import torch
+    import glm_grpo_nb.tiny as tiny   # the package's first import: bitsandbytes loads after its notices are hushed
+    import bitsandbytes as bnb
+    from glm_grpo_nb.policy import GlmImagePolicy
+    from glm_grpo_nb.rewards import RednessReward
+    from glm_grpo_nb.trainer import GRPOTrainer
+
+    parts = tiny.make_random_glm_image(layers=1, load_in_4bit=True)
+    ar, dit = parts["vision_language_encoder"], parts["transformer"]
+    linear = lambda m: [(n, l) for n, l in m.named_modules() if isinstance(l, torch.nn.Linear)]
+    out = {"hidden": ar.config.text_config.hidden_size, "vocab": ar.get_input_embeddings().weight.shape[0],
+           "head": ar.lm_head.weight.shape[0], "layers": [ar.config.text_config.num_hidden_layers,
+           ar.config.vision_config.depth, dit.config.num_layers, parts["text_encoder"].config.num_layers],
+           "glyph_width": parts["text_encoder"].config.d_model,
+           "dense_ar": [n for n, l in linear(ar) if not isinstance(l, bnb.nn.Linear4bit)],
+           "dense_dit_blocks": [n for n, l in linear(dit) if n.startswith("transformer_blocks.")
+                                and not isinstance(l, bnb.nn.Linear4bit)]}
+    policy = GlmImagePolicy.from_components(parts, load_in_4bit=True, ar_lora=4, dit_lora=4, device="cpu",
+                                            sampling_copy=True, gradient_checkpointing=True)
+    del parts
+    calls = {"gemv_4bit": 0, "glyph": []}
+    gemv = bnb.functional.gemv_4bit
+    def counting(*a, **kw):   # the only CPU path that would use the kernel bitsandbytes fetches from the Hub
+        calls["gemv_4bit"] += 1
+        return gemv(*a, **kw)
+    bnb.functional.gemv_4bit = counting
+    policy.text_encoder.register_forward_hook(lambda m, a, o: calls["glyph"].append(list(o.last_hidden_state.shape)))
+    roll = {}
+    sample_tokens = policy.sample_tokens
+    def recording(*a, **kw):
+        r = sample_tokens(*a, **kw)
+        roll.update(tokens=r.completion_mask.sum(1).tolist(), grid=list(r.grid), preview=list(r.preview_grid))
+        return r
+    policy.sample_tokens = recording
+    t = GRPOTrainer(policy, RednessReward(), [{"prompt": "a red sign that says 'GRPO'"}], group_size=2,
+                    prompts_per_step=1, height=256, width=256, num_inference_steps=2, micro_batch_size=1, seed=0)
+    res = t.step()
+    m = res.metrics
+    out.update(calls=calls, roll=roll, skipped=res.skipped, images=[i.size for i in res.images],
+               ratios=[m[k] for k in ("ar/first_ratio_min", "ar/first_ratio_max", "dit/first_ratio_min",
+                                      "dit/first_ratio_max")], gap=m["ar/sampler_gap"],
+               loss=[m.get("ar/loss"), m.get("dit/loss")])
+    print(json.dumps(out))
+''')
+
+
+def test_one_nf4_step_at_the_released_width(tmp_path):
+    script = tmp_path / "released_width.py"
+    script.write_text(SCRIPT)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=clean_env(), cwd=tmp_path,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "gemm_4bit_forward" not in r.stderr, r.stderr[-2000:]   # bitsandbytes' notice of a Hub kernel, hushed
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (out["hidden"], out["vocab"], out["head"], out["glyph_width"]) == (4096, 168064, 16512, 1472)
+    assert out["layers"] == [1, 1, 1, 1]
+    assert out["dense_ar"] == ["lm_head"] and out["dense_dit_blocks"] == []   # NF4 as from_pretrained makes them
+    assert out["calls"]["gemv_4bit"] == 0   # the repacked CPU inference path (and its Hub kernel) never runs
+    # the quoted text went through the glyph encoder at its released width
+    assert out["calls"]["glyph"] and all(s[-1] == 1472 for s in out["calls"]["glyph"]), out["calls"]["glyph"]
+    # 256x256: an 8x8 grid written after the 16x16 preview the processor asks at every size, both samples
+    assert out["roll"] == {"tokens": [320, 320], "grid": [8, 8], "preview": [16, 16]}, out["roll"]
+    assert not out["skipped"] and out["images"] == [[256, 256], [256, 256]]
+    lo_ar, hi_ar, lo_dit, hi_dit = out["ratios"]   # the first optimiser step starts at the sampling policy
+    assert abs(lo_ar - 1) < 1e-2 and abs(hi_ar - 1) < 1e-2 and abs(lo_dit - 1) < 1e-5 and abs(hi_dit - 1) < 1e-5, out
+    assert all(v is not None and v == v for v in out["loss"]) and out["gap"] < 0.1, out
