@@ -157,10 +157,11 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
     S = prompt_len + source_images * gh * gw + T   # an i2i prompt holds its sources' tokens
     kv_cache = 2 * L * kv * hd * S * ns_ar * dtype_bytes
     if sampling_copy:   # the copy keeps its static KV cache between calls (see `policy.sampling_cache`)
-        # under 4-bit a dense language model and head of its own in the compute dtype; without, it shares the frozen
-        # base; the adapters' factors (float32) apart from the weights, in both cases
-        dense = (module_weight_bytes(ar.model.language_model, dtype_bytes) + ar.lm_head.weight.numel() * dtype_bytes
-                 if load_in_4bit else 0)
+        # under 4-bit the language model's NF4 layers dequantised in the compute dtype; what is in that dtype already
+        # (embeddings, norms, the head) is shared with the policy, as everything is without 4-bit; the adapters'
+        # factors (float32) apart from the weights, in both cases
+        dense = sum(m.in_features * m.out_features * dtype_bytes for n, m in ar.model.language_model.named_modules()
+                    if isinstance(m, torch.nn.Linear) and ar_quantized(n, m)) if load_in_4bit else 0
         factors = lora_params(ar, AR_LORA_TARGETS, lora_rank) * 4 if train in ("ar", "both") else 0
         resident["sampling copy (AR language model)"] = dense + factors
         resident["sampling copy's KV cache"] = kv_cache
