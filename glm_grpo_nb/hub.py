@@ -347,7 +347,7 @@ class RunLock:
 
 # %% ../nbs/00a_hub.ipynb #07c6514a
 HARMLESS_NOTICES = {   # logger: start of a message that is harmless here, and why
-    "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community",  # optional package; the plain CPU kernel runs
+    "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community",  # a Hub kernel for a path the policy turns off
     "diffusers.models.modeling_utils": "There are modules in GlmImageTransformer2DModel that should be kept in float32: []",  # none
     "transformers.processing_utils": "Kwargs passed to `processor.__call__` have to be in `processor_kwargs`",  # the stock pipeline's target size, still used
 }

@@ -61,3 +61,17 @@ def test_package_import_stays_light():
     out = subprocess.run([sys.executable, "-c", "import sys, glm_grpo_nb.cli, glm_grpo_nb.config; print('torch' in sys.modules)"],
                          capture_output=True, text=True, env=clean_env(), timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_every_module_imports_hub_before_upstream():
+    "bitsandbytes prints its Hub-kernel notice when first imported: hub's filter must be in place before any upstream import."
+    import re
+    from conftest import ROOT
+    late = []
+    for f in sorted((ROOT / "glm_grpo_nb").glob("*.py")):
+        lines = f.read_text().splitlines()
+        up = next((i for i, l in enumerate(lines)
+                   if re.match(r"(from|import) (transformers|diffusers|bitsandbytes|peft|accelerate)\b", l)), None)
+        ours = next((i for i, l in enumerate(lines) if re.match(r"from (\.|glm_grpo_nb)", l)), None)
+        if up is not None and (ours is None or ours > up): late.append(f.name)
+    assert late == [], f"import glm_grpo_nb.hub (or a module that does) before upstream in {late}"
