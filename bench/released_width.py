@@ -16,9 +16,11 @@ At the end the two depths are extrapolated to the released depths (40 AR and vis
 and set beside `memory.plan` for the same setting.
 
 python -m bench.released_width [--layers 1,2] [--only OBJ[,OBJ]] [--modes t2i,i2i] [--dtypes nf4,bf16] [--size 1024]
-                               [--out FILE] [--report FILE]   (--report: print the tables of a finished run only)"""
+                               [--out FILE] [--report FILE[,FILE]]   (--report: the tables of finished runs only)
+python -m bench.released_width --commands [--size 1024] [--out FILE]   (glm-grpo evaluate and generate, 1 layer)"""
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,9 @@ PHASE_STACK = {"sample_ar": "ar", "update_ar": "ar", "sample_dit": "dit", "updat
 PLAN_PHASE = {"sample_ar": "sample tokens", "sample_dit": "sample latents", "decode": "decode",
               "update_ar": "update AR", "update_dit": "update DiT"}   # the trainer's phase: the plan's
 PEAKS: dict = {}
+# glibc returns an allocation of 256 KiB or more to the system when it is freed (not kept for reuse), so the resident
+# memory of a phase follows the tensors alive in it, as the GPU allocator's counters do
+CHILD_ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(256 * 1024)}
 
 
 def _arg(name, default=None):
@@ -53,16 +58,18 @@ def _reset_peak():
 
 @contextlib.contextmanager
 def timed_with_rss(seconds: dict, name: str):
-    "The trainer's `_timed`, also recording the phase's peak RSS and its rise over the phase's start."
+    "The trainer's `_timed`, also recording the phase's peak RSS, its rise over the phase's start, and what autograd kept."
+    from bench._bench import KeptForBackward
     start_rss = _status("VmRSS")
     _reset_peak()
     start = time.perf_counter()
-    try: yield
+    try:
+        with KeptForBackward() as kept: yield
     finally:
         seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
         peak = _status("VmHWM")
-        old = PEAKS.get(name, (0, 0))
-        PEAKS[name] = (max(old[0], peak), max(old[1], peak - start_rss))
+        old = PEAKS.get(name, (0, 0, 0))
+        PEAKS[name] = (max(old[0], peak), max(old[1], peak - start_rss), old[2] + kept.bytes)
 
 
 def held_bytes(module) -> int:
@@ -134,7 +141,9 @@ def one_setting(layers: int, dtype: str, objective: str, mode: str, size: int) -
                       "guidance_scale": c.guidance_scale, "updates_per_batch": c.updates_per_batch,
                       "micro_batch_size": c.micro_batch_size, "decode_batch": c.decode_batch},
            "seconds": {k: round(v, 2) for k, v in res.seconds.items()}, "step_seconds": round(whole, 1),
-           "rss_gb": {k: {"peak": round(p / 2 ** 30, 3), "rise": round(r / 2 ** 30, 3)} for k, (p, r) in PEAKS.items()},
+           "rss_gb": {k: {"peak": round(p / 2 ** 30, 3), "rise": round(r / 2 ** 30, 3)} for k, (p, r, _) in PEAKS.items()},
+           # bytes autograd saved for backward in the phase, summed over its forwards (micro-batches, noise levels)
+           "kept_for_backward_gb": {k: round(b / 2 ** 30, 4) for k, (_, _, b) in PEAKS.items() if b},
            "ratio": {k: m.get(k) for k in ("ar/first_ratio_min", "ar/first_ratio_max", "dit/first_ratio_min",
                                            "dit/first_ratio_max", "ar/sampler_gap", "ar/dropped_tokens")},
            "produced": seen, "skipped": res.skipped, "skip_reason": t.skip_reason,
@@ -155,30 +164,43 @@ def plan_for(s: dict, layers: int | None):
                 modules=None if layers is None else real_modules(layers=layers))
 
 
+FIRST_CALL = {"sample_ar": ["sampling copy (AR language model)", "sampling copy's KV cache"]}   # made by the first call
+
+
+def plan_rows(s: dict, layers: int | None) -> dict:
+    "The plan's GB for the same setting: weights, and per trainer phase what that phase allocates (first-call residents in)."
+    from glm_grpo_nb.memory import GB
+    p = plan_for(s, layers)
+    out = {k: p.resident[k] / GB for k in COMPONENTS}
+    for ph, plan_ph in PLAN_PHASE.items():
+        extra = sum(sum(p.phases.get(x, {}).values()) for x in (["build sampling copy (first call)"] if ph == "sample_ar" else []))
+        out[ph] = (sum(p.phases.get(plan_ph, {}).values()) + extra + sum(p.resident.get(k, 0) for k in FIRST_CALL.get(ph, []))) / GB
+    return out
+
+
+def measured_rows(r: dict) -> dict:
+    "The run's GB: weights as held, and each phase's rise of resident memory over its start."
+    return {**r["weights_gb"], **{ph: r["rss_gb"][ph]["rise"] for ph in PLAN_PHASE if ph in r["rss_gb"]}}
+
+
 def extrapolate(runs: list[dict]) -> list[dict]:
-    "Per objective, mode and dtype: weights and phase rises at 1 and 2 layers, the line through them at the released depths."
-    from glm_grpo_nb.memory import GB, RELEASED_LAYERS
-    depth = {"ar": RELEASED_LAYERS["ar"], "dit": RELEASED_LAYERS["dit"]}
+    "Per objective, mode and dtype: measured and planned GB at each depth run, and (two depths) at the released depths."
+    from glm_grpo_nb.memory import RELEASED_LAYERS
+    depth = {**{k: RELEASED_LAYERS["ar"] for k in ("AR weights", "sample_ar", "update_ar")},
+             **{k: RELEASED_LAYERS["dit"] for k in ("DiT weights", "sample_dit", "update_dit")},
+             "glyph encoder + VAE weights": RELEASED_LAYERS["text_encoder"], "decode": 1}
     rows, by = [], {}
     for r in runs:
         if "error" not in r: by.setdefault((r["objective"], r["mode"], r["dtype"]), {})[r["layers"]] = r
     for (obj, mode, dtype), d in by.items():
-        if 1 not in d or 2 not in d: continue
-        one, two = d[1], d[2]
-        full = plan_for(one, None)
-        line = lambda a, b, n: a + (b - a) * (n - 1)
-        w_depth = {"AR weights": depth["ar"], "DiT weights": depth["dit"], "glyph encoder + VAE weights": RELEASED_LAYERS["text_encoder"]}
-        weights = {k: (round(line(one["weights_gb"][k], two["weights_gb"][k], w_depth[k]), 2), round(full.resident[k] / GB, 2))
-                   for k in COMPONENTS}
-        phases = {}
-        for ph, plan_ph in PLAN_PHASE.items():
-            if ph not in one["rss_gb"] or ph not in two["rss_gb"]: continue
-            n = depth.get(PHASE_STACK.get(ph), 1) if ph in PHASE_STACK else 1
-            a, b = one["rss_gb"][ph]["rise"], two["rss_gb"][ph]["rise"]
-            phases[ph] = (round(line(a, b, n) if ph in PHASE_STACK else max(a, b), 2),
-                          round(sum(full.phases.get(plan_ph, {}).values()) / GB, 2))
-        rows.append({"objective": obj, "mode": mode, "dtype": dtype, "weights_gb (measured, plan)": weights,
-                     "phase rise_gb (measured, plan)": phases})
+        row = {"objective": obj, "mode": mode, "dtype": dtype}
+        for L, r in sorted(d.items()):
+            m, p = measured_rows(r), plan_rows(r, L)
+            row[f"{L} layer(s)"] = {k: [round(m[k], 3), round(p[k], 3)] for k in m}
+        if 1 in d and 2 in d:   # a line through the two depths, at each stack's released depth
+            m1, m2, full = measured_rows(d[1]), measured_rows(d[2]), plan_rows(d[1], None)
+            row["released"] = {k: [round(m1[k] + (m2[k] - m1[k]) * (depth[k] - 1), 2), round(full[k], 2)] for k in m1}
+        rows.append(row)
     return rows
 
 
@@ -203,9 +225,47 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def commands(size: int, out: Path) -> dict:
+    "Write the 1-layer model (bf16) and run `glm-grpo evaluate` and `glm-grpo generate` on it at `size`, as users would."
+    import shutil
+    import torch
+    from PIL import Image
+    from glm_grpo_nb.tiny import make_random_glm_image
+    work = Path(tempfile.mkdtemp(prefix="released_width_"))
+    t0 = time.perf_counter()
+    model = make_random_glm_image("cpu", torch.bfloat16, path=work / "model", layers=1)
+    report = {"write_model_seconds": round(time.perf_counter() - t0, 1)}
+    (work / "prompts.txt").write_text("a sign that says 'OPEN'\n")
+    exe = str(Path(sys.executable).parent / "glm-grpo")
+    runs = {"evaluate": [exe, "evaluate", "--model", str(model), "--prompts", str(work / "prompts.txt"), "--metrics",
+                         "ocr,redness", "--out", str(work / "eval"), "--height", str(size), "--width", str(size),
+                         "--num-inference-steps", "4", "--device", "cpu"],
+            "generate": [exe, "generate", "--model", str(model), "--prompt", "a sign that says 'OPEN'", "--out",
+                         str(work / "sample.png"), "--height", str(size), "--width", str(size),
+                         "--num-inference-steps", "4", "--device", "cpu"]}
+    for name, cmd in runs.items():
+        t1 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=CHILD_ENV)
+        report[name] = {"command": " ".join(["glm-grpo"] + cmd[1:]), "exit": proc.returncode,
+                        "seconds": round(time.perf_counter() - t1, 1), "stdout_tail": proc.stdout[-600:],
+                        "stderr_tail": proc.stderr[-1500:] if proc.returncode else ""}
+    images = sorted((work / "eval" / "images").rglob("*.png")) if (work / "eval" / "images").exists() else []
+    report["evaluate"]["images"] = [list(Image.open(f).size) for f in images]
+    if (work / "eval" / "metrics.json").exists():
+        report["evaluate"]["metrics"] = json.loads((work / "eval" / "metrics.json").read_text())
+    if (work / "sample.png").exists(): report["generate"]["image"] = list(Image.open(work / "sample.png").size)
+    shutil.rmtree(work, ignore_errors=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
 def main():
+    if "--commands" in sys.argv:   # the evaluation command and generate at the released width, 1 layer per stack
+        print(json.dumps(commands(int(_arg("--size", 1024)), Path(_arg("--out", "bench/results/released_width_commands.json"))),
+                         indent=1)); return
     if "--report" in sys.argv:
-        report = json.loads(Path(_arg("--report")).read_text())
+        parts = [json.loads(Path(f).read_text()) for f in _arg("--report").split(",")]
+        report = {**parts[0], "runs": [r for p in parts for r in p["runs"]]}
         print(table(report)); print(json.dumps(extrapolate(report["runs"]), indent=1)); return
     layers = [int(x) for x in _arg("--layers", "1,2").split(",")]
     objectives = _arg("--only", ",".join(OBJECTIVES)).split(",")
@@ -223,7 +283,7 @@ def main():
                 for mode in modes:
                     t1 = time.perf_counter()
                     cmd = [sys.executable, "-m", "bench.released_width", "--one", str(L), dtype, obj, mode, str(size)]
-                    proc = subprocess.run(cmd, capture_output=True, text=True)
+                    proc = subprocess.run(cmd, capture_output=True, text=True, env=CHILD_ENV)
                     try: result = json.loads(proc.stdout.strip().splitlines()[-1])
                     except (IndexError, json.JSONDecodeError):   # the process died (killed for memory): its last words
                         result = {"layers": L, "dtype": dtype, "objective": obj, "mode": mode,
