@@ -259,6 +259,18 @@ def commands(size: int, out: Path) -> dict:
     return report
 
 
+def memory_table(rows: list[dict]) -> str:
+    "The memory comparison in Markdown: measured and planned GB per component, at each depth run and extrapolated."
+    head = "| objective | mode | dtype | component | 1 layer: measured / plan | 2 layers: measured / plan | released depth: extrapolated / plan |"
+    lines = [head, "|" + "|".join(["---"] * 7) + "|"]
+    cell = lambda row, key, k: " / ".join(f"{v:.2f}" for v in row[key][k]) if key in row and k in row[key] else "–"
+    for row in rows:
+        for k in next(row[x] for x in ("1 layer(s)", "2 layer(s)") if x in row):
+            lines.append(f"| {row['objective']} | {row['mode']} | {row['dtype']} | {k} | {cell(row, '1 layer(s)', k)} "
+                         f"| {cell(row, '2 layer(s)', k)} | {cell(row, 'released', k)} |")
+    return "\n".join(lines)
+
+
 def main():
     if "--commands" in sys.argv:   # the evaluation command and generate at the released width, 1 layer per stack
         print(json.dumps(commands(int(_arg("--size", 1024)), Path(_arg("--out", "bench/results/released_width_commands.json"))),
@@ -266,7 +278,7 @@ def main():
     if "--report" in sys.argv:
         parts = [json.loads(Path(f).read_text()) for f in _arg("--report").split(",")]
         report = {**parts[0], "runs": [r for p in parts for r in p["runs"]]}
-        print(table(report)); print(json.dumps(extrapolate(report["runs"]), indent=1)); return
+        print(table(report)); print(); print(memory_table(extrapolate(report["runs"]))); return
     layers = [int(x) for x in _arg("--layers", "1,2").split(",")]
     objectives = _arg("--only", ",".join(OBJECTIVES)).split(",")
     modes, dtypes = _arg("--modes", "t2i,i2i").split(","), _arg("--dtypes", "nf4,bf16").split(",")
@@ -295,8 +307,7 @@ def main():
                     out.write_text(json.dumps(report, indent=1) + "\n")
                     print(f"{L} layer(s) {dtype} {obj} {mode}: {'failed, ' + result['error'] if 'error' in result else 'done'}"
                           f" ({result['process_seconds']} s)", flush=True)
-    print(table(report))
-    print(json.dumps(report["extrapolated"], indent=1))
+    print(table(report)); print(); print(memory_table(report["extrapolated"]))
 
 
 if __name__ == "__main__":

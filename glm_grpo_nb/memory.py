@@ -166,7 +166,12 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
         resident["sampling copy (AR language model)"] = dense + factors
         resident["sampling copy's KV cache"] = kv_cache
     resident["reward models"] = reward_model_params * dtype_bytes
-    phases = {"sample tokens": {**({} if sampling_copy else {"KV cache": kv_cache}),
+    # an NF4 layer's matmul dequantises its whole weight in the compute dtype (in forward, and again in backward)
+    deq = lambda m, sel: dtype_bytes * max(l.in_features * l.out_features for n, l in m.named_modules()
+                                           if isinstance(l, torch.nn.Linear) and sel(n, l)) if load_in_4bit else 0
+    ar_deq, dit_deq = deq(ar.model.language_model, ar_quantized), deq(dit, dit_quantized)
+    nf4 = lambda n: {"largest layer dequantised": n} if n else {}
+    phases = {"sample tokens": {**({} if sampling_copy else {"KV cache": kv_cache, **nf4(ar_deq)}),
                                 "logits + sampling (fp32)": ns_ar * tc.vision_vocab_size * 4 * 4}}
     if sampling_copy and load_in_4bit:   # built once, layer by layer: one dequantised weight at a time
         largest = max(m.weight.numel() for m in ar.model.language_model.modules() if isinstance(m, torch.nn.Linear))
@@ -175,13 +180,14 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
         per_layer = mb * S * (6 * hidden + 3 * inter) * dtype_bytes          # one layer's activations (attn + gated MLP)
         saved = mb * S * hidden * dtype_bytes * L if gradient_checkpointing else per_layer * L
         phases["update AR"] = {"activations": saved + (per_layer if gradient_checkpointing else 0),
-                               "logits, log-softmax, grad (fp32)": 3 * mb * T * tc.vision_vocab_size * 4}
+                               "logits, log-softmax, grad (fp32)": 3 * mb * T * tc.vision_vocab_size * 4, **nf4(ar_deq)}
     phases["sample latents"] = {"latents, velocities (fp32)": 4 * lat,
-                                "DiT forward": cfg * ns_dit * tokens * (8 * inner) * dtype_bytes}
+                                "DiT forward": cfg * ns_dit * tokens * (8 * inner) * dtype_bytes, **nf4(dit_deq)}
     if source_images:
         phases["sample latents"].update({"i2i sources' keys and values": sources, "sources read by a forward": read(ns_dit)})
     if train in ("dit", "both"):
-        phases["update DiT"] = {**update_dit, **({"i2i sources' keys and values": sources} if source_images else {})}
+        phases["update DiT"] = {**update_dit, **nf4(dit_deq),
+                                **({"i2i sources' keys and values": sources} if source_images else {})}
     if eval_prompts:   # evaluate() during fit: one ODE image per prompt, in the sampling batches, each batch's caches freed
         ne_ar, ne_dit = (min(eval_prompts, b or eval_prompts) for b in (ar_sample_batch, dit_sample_batch))
         phases["evaluate"] = {"KV cache": 2 * L * kv * hd * S * ne_ar * dtype_bytes,

@@ -74,10 +74,11 @@ def quantize_4bit(module: torch.nn.Module, compute_dtype: torch.dtype, device, s
         lin = getattr(parent, leaf)
         q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None, compute_dtype=compute_dtype,
                               compress_statistics=True, quant_type="nf4", device="meta")
-        w = lin.weight.data if lin.weight.device.type == "cuda" else lin.weight.data.to("cpu", torch.float32)
-        q.weight = bnb.nn.Params4bit(w.contiguous(), requires_grad=False, compress_statistics=True, quant_type="nf4")
+        # from the weight's own dtype, as on CUDA: a layer dequantises to the dtype it was quantised from (float32 doubled it)
+        q.weight = bnb.nn.Params4bit(lin.weight.data.contiguous(), requires_grad=False, compress_statistics=True,
+                                     quant_type="nf4")
         if lin.bias is not None: q.bias = torch.nn.Parameter(lin.bias.data.to(compute_dtype), requires_grad=False)
-        del lin, w
+        del lin
         setattr(parent, leaf, q.to(device))   # quantised on the way to `device`; the old layer goes with this line
     return len(names)
 
