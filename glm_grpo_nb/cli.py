@@ -73,7 +73,10 @@ def generate(
     from glm_grpo_nb.hub import quiet_io
     from glm_grpo_nb.policy import apply_adapters   # also drops upstream notices known to be harmless
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    with quiet_io(): pipe = GlmImagePipeline.from_pretrained(model)
+    # one dtype for every component: left alone, transformers loads the AR and glyph encoder in the dtype they were saved
+    # in (the release: bf16) and diffusers the DiT and VAE in float32, and the glyph embeddings meet the DiT mismatched
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    with quiet_io(): pipe = GlmImagePipeline.from_pretrained(model, dtype=dtype)
     if adapters is not None: apply_adapters(pipe, adapters)
     pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)

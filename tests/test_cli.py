@@ -131,3 +131,20 @@ def test_plan_answers_for_trains_defaults():
         assert p["guidance_scale"].default is None   # the objective's, as the trainer resolves it
     default = memory.plan()
     assert default.peak == memory.plan(micro_batch_size=None, load_in_4bit=False, guidance_scale=config.guidance_scale).peak
+
+
+def test_generate_a_model_saved_in_bf16(glm_grpo, tiny_path, tmp_path):
+    "The release is saved in bf16: every component must load in one dtype (the AR and glyph encoder kept bf16 before)."
+    import shutil
+    import torch
+    from safetensors.torch import load_file, save_file
+    model = tmp_path / "bf16"
+    shutil.copytree(tiny_path, model)
+    for f in model.rglob("*.safetensors"):
+        save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(f).items()}, f)
+    for f in model.rglob("config.json"):   # as the release's configs say
+        f.write_text(f.read_text().replace('"float32"', '"bfloat16"'))
+    r = run(glm_grpo, "generate", "--model", str(model), "--prompt", "a 'HI' sign", "--num-inference-steps", "2",
+            "--out", str(tmp_path / "img.png"), "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert Image.open(tmp_path / "img.png").size == (64, 64)
