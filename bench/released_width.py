@@ -31,7 +31,6 @@ from pathlib import Path
 OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")
 COMPONENTS = {"AR weights": "vision_language_encoder", "DiT weights": "transformer",
               "glyph encoder + VAE weights": ("text_encoder", "vae")}
-PHASE_STACK = {"sample_ar": "ar", "update_ar": "ar", "sample_dit": "dit", "update_dit": "dit", "prepare": "dit"}
 PLAN_PHASE = {"sample_ar": "sample tokens", "sample_dit": "sample latents", "decode": "decode",
               "update_ar": "update AR", "update_dit": "update DiT"}   # the trainer's phase: the plan's
 PEAKS: dict = {}
@@ -208,7 +207,7 @@ def table(report: dict) -> str:
     "The per-setting table in Markdown."
     head = ("| layers | dtype | objective | mode | build s | sample_ar s | sample_dit s | update_ar s | update_dit s | step s "
             "| tokens | grid | AR ratio 1st | DiT ratio 1st | sampler gap | peak RSS GB |")
-    lines = [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for r in report["runs"]:
         if "error" in r:
             lines.append(f"| {r['layers']} | {r['dtype']} | {r['objective']} | {r['mode']} | failed: {r['error'][:80]} |"); continue
