@@ -118,7 +118,8 @@ def _materialise(model: torch.nn.Module, device, quantize=None, compute_dtype=No
         with torch.no_grad():
             if init is not None: init(m)
             elif fresh and hasattr(m, "reset_parameters"): m.reset_parameters()
-        if quantize is not None:   # its children only: deeper layers are NF4 already, or not selected
+        if quantize is not None and any(type(c) is torch.nn.Linear for c in m.children()):   # its children only: deeper
+            # layers are NF4 already, or not selected; a module without Linear children has nothing to walk
             quantize_4bit(m, compute_dtype, device, lambda n, lin: n and "." not in n and quantize(f"{name}.{n}".lstrip("."), lin))
     visit("", model, None)
     left = [n for n, p in model.named_parameters() if p.is_meta]
