@@ -160,6 +160,8 @@ class GRPOConfig:
     keep_checkpoints: int = setting(2, "checkpoints kept in output_dir/checkpoints")
     seed: int = setting(0, "everything random derives from (seed, step)")
     max_consecutive_skips: int = setting(3, "skipped (non-finite) updates in a row before training stops")
+    locate_nonfinite: bool = setting(True, "after a non-finite gradient, run its micro-batch again under torch's anomaly "
+                                     "detection to name the operation that made it (one process)")
     keep_results: int = setting(8, "last step results kept in memory, images included, for show_history")
     report_to: str = setting("none", "trackers to log to, accelerate's names: tensorboard, wandb, trackio, mlflow, comet_ml, "
                              "aim, clearml, dvclive, swanlab, all or none; several separated by commas (TRL's name)")

@@ -7,6 +7,7 @@ updates skipped, and Ctrl-C / SIGTERM that stop `fit` after a completed step."""
 from __future__ import annotations
 
 import gc
+import math
 import signal
 import threading
 import warnings
@@ -18,7 +19,7 @@ from fastcore.basics import patch
 from .objectives import OBJECTIVES
 
 # %% auto #0
-__all__ = ['FaultTolerance', 'OutOfMemory', 'is_out_of_memory', 'TrainingStopped']
+__all__ = ['FaultTolerance', 'nonfinite_grads', 'OutOfMemory', 'is_out_of_memory', 'TrainingStopped']
 
 # %% ../nbs/05d_faults.ipynb #a1f00007
 class FaultTolerance:
@@ -75,13 +76,75 @@ def _everywhere(self: FaultTolerance, ok: bool) -> bool:
 # %% ../nbs/05d_faults.ipynb #a1f0000c
 @patch
 def _count_skip(self: FaultTolerance, why):
-    self.consecutive_skips += 1; self.skipped_total += 1
+    "Count a skipped step and say why (`skip_reason`, a warning); stop after `max_consecutive_skips` in a row."
+    self.consecutive_skips += 1; self.skipped_total += 1; self.skip_reason = str(why)
     warnings.warn(f"GRPO step {self.step_count}: update skipped, {why}; weights and optimiser state are untouched.")
     if self.consecutive_skips > self.config.max_consecutive_skips:
         raise RuntimeError(f"{self.consecutive_skips} GRPO updates in a row were skipped ({why}). Likely causes: a "
                            "learning rate too high for the adapters, a reward that returns NaN/inf for some images, or "
                            "half-precision overflow (try torch_dtype=torch.bfloat16 or float32).")
 
+
+# %% ../nbs/05d_faults.ipynb #482d2480
+def nonfinite_grads(named) -> tuple[int, list[str]]:
+    "Non-finite gradient elements among `named` (name, parameter) pairs, and the names of the tensors that hold them."
+    grads = [(n, p.grad) for n, p in named if p.grad is not None]
+    if not grads or bool(torch.stack([g.isfinite().all() for _, g in grads]).all()): return 0, []   # one sync when clean
+    bad = [(n, int((~g.isfinite()).sum())) for n, g in grads if not bool(g.isfinite().all())]
+    return sum(c for _, c in bad), [n for n, _ in bad]
+
+@patch
+def _fault(self: FaultTolerance, half, obj, loss, rows, bad_logprobs, rerun) -> dict | None:
+    "After `half`'s backward on micro-batch `rows`: None, or what was not finite (the loss, or these gradients)."
+    fault = dict(half=half, rows=list(rows), logprobs=int(bad_logprobs), rerun=rerun, tensors=len(obj.named_params))
+    if not torch.isfinite(loss): return {**fault, "what": "loss", "value": loss.item()}
+    elements, names = nonfinite_grads(obj.named_params)
+    return {**fault, "what": "gradient", "elements": elements, "names": names} if elements else None
+
+@patch
+def _locate(self: FaultTolerance, rerun) -> str:
+    "Run a micro-batch's loss again under anomaly detection: the backward operation that first returned NaN, and its forward line."
+    with warnings.catch_warnings(record=True) as seen, torch.autograd.detect_anomaly(check_nan=True):
+        warnings.simplefilter("always")
+        try:
+            loss, _ = rerun()
+            loss.backward()
+        except RuntimeError as e:
+            op = str(e).split("'")[1] if str(e).count("'") >= 2 else str(e)[:200]
+            trace = next((str(w.message) for w in seen if "Traceback of forward call" in str(w.message)), "")
+            frames = [l.strip() for l in trace.splitlines() if l.strip().startswith("File ")]
+            return f"anomaly detection: first in {op}" + (f", made by the forward at {frames[-1]}" if frames else "")
+        finally: self.optimizer.zero_grad(set_to_none=True)
+    return "anomaly detection ran the micro-batch again and found every gradient finite (a nondeterministic fault)"
+
+@patch
+def _skip_account(self: FaultTolerance, fault, norms, epoch, j, metrics: dict) -> str:
+    "`skip_reason` for an optimiser step that is not taken; its numbers go into `metrics` as `nonfinite/*`."
+    why, numbers = self._account(fault, norms, epoch, j)
+    metrics.update(numbers)
+    return why
+
+@patch
+def _account(self: FaultTolerance, fault, norms, epoch, j) -> tuple[str, dict]:
+    where = f"inner epoch {epoch}, optimiser step {j}"
+    if fault is None:
+        bad = [h for h, v in norms.items() if not math.isfinite(v)]
+        why = ("a gradient was not finite after averaging over processes" if bad else "another process met a non-finite update")
+        return f"{why} ({where}; gradient norms {norms})", {f"nonfinite/{h}_grad_norm": 1.0 for h in bad}
+    half, metrics = fault["half"], {f"nonfinite/{fault['half']}_logprobs": float(fault["logprobs"])}
+    lp = (f"the forward's log-probs held {fault['logprobs']} non-finite value(s)" if fault["logprobs"]
+          else "the forward's log-probs were finite")
+    if fault["what"] == "loss":
+        metrics[f"nonfinite/{half}_loss"] = 1.0
+        return f"the {half} loss was {fault['value']} on micro-batch rows {fault['rows']} ({where}); {lp}", metrics
+    names = fault["names"]
+    metrics.update({f"nonfinite/{half}_grad_elements": float(fault["elements"]), f"nonfinite/{half}_grad_tensors": float(len(names))})
+    why = (f"the {half} gradient was not finite: {fault['elements']:,} element(s) in {len(names)} of {fault['tensors']} "
+           f"tensors after micro-batch rows {fault['rows']} ({where}), first {', '.join(names[:3])}; {lp}, so the backward "
+           "made the non-finite values")
+    if not fault["logprobs"] and self.config.locate_nonfinite and self.accelerator.num_processes == 1:
+        why += "; " + self._locate(fault["rerun"])
+    return why, metrics
 
 # %% ../nbs/05d_faults.ipynb #42b5d909
 class OutOfMemory(RuntimeError):

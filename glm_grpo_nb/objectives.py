@@ -51,6 +51,12 @@ class Objective(ABC):
         "The update's micro-batches (rows) of n samples."
         return self.trainer._micro_batches(n)
 
+    def update_batches(self, n: int) -> list[list[int]]:
+        "The micro-batches (rows) `loss` meets in a pass over n samples, one optimiser step after another."
+        # what is computed without gradients in these same batches matches `loss` bit for bit (same shapes, same kernels)
+        t = self.trainer
+        return [rows for step_rows in t._update_rows(n) for rows in t._micro_batches(step_rows)]
+
     def sampling(self) -> dict:
         "Keyword arguments of the half's sampler (the DiT's `sample_latents`: `noise_level`)."
         return {}
@@ -161,6 +167,7 @@ class FlowGRPO(Objective):
                     kl = kl * dev((traj.sigmas[1:] - traj.sigmas[:-1]).abs()[traj.stochastic])
                 kl = kl.mean()
             loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
+        m["nonfinite_logprobs"] = int((~lp.detach().isfinite() & mask).sum())   # the trainer's account of a skipped step
         return loss, m
 
     @classmethod

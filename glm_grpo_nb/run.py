@@ -117,7 +117,7 @@ def _log(self: RunLoop, res: StepResult):
     row = {"step": res.step, **{k: float(v) for k, v in res.metrics.items()},
            **{f"lr/{g.get('name', i)}": g["lr"] for i, g in enumerate(self.optimizer.param_groups)},
            **{f"seconds/{k}": v for k, v in res.seconds.items()}}
-    self._write_row(row)
+    self._write_row({**row, "skip_reason": res.skip_reason} if res.skip_reason else row)   # what was not finite, where
     self.history.append(row)
     every = self.config.log_images_every
     if every and res.step % every == 0: self._log_samples(res)
@@ -148,7 +148,8 @@ def _write_row(self: RunLoop, row: dict):
     try:
         if f is not None:
             with open(f, "a") as fh: fh.write(json.dumps(row) + "\n")
-        if self.accelerator.trackers: self.accelerator.log(row, step=row["step"])
+        if self.accelerator.trackers:   # numbers only: a skip's reason stays in metrics.jsonl and the warning
+            self.accelerator.log({k: v for k, v in row.items() if not isinstance(v, str)}, step=row["step"])
     except BaseException:
         if f is not None and f.exists():
             with contextlib.suppress(OSError), open(f, "r+") as fh: fh.truncate(size)

@@ -26,8 +26,10 @@ class TokenGRPO(Objective):
                 # token outside the reference's top-k/top-p set would get -3.4e38, a constant KL and no gradient
                 with pol.reference():
                     out["ref_logprobs"] = to_host(pol.token_logprobs(roll, micro_batch_size=c.micro_batch_size, truncated=False))
-            out["old_logprobs"] = torch.cat([to_host(pol.token_logprobs(roll.select(rows)))
-                                             for rows in self.micro_batches(roll.num_samples)])
+            # in the micro-batches the update meets: the same rows together, so the first ratios are exactly 1
+            out["old_logprobs"] = torch.zeros(roll.logprobs.shape)
+            for rows in self.update_batches(roll.num_samples):
+                out["old_logprobs"][rows] = to_host(pol.token_logprobs(roll.select(rows)))
         # a sampled token the training forward's own truncation drops (a near-tie at the top-p edge between the copy that
         # sampled and the training forward) has no log-prob to train: left out of the loss, counted, and warned about
         dropped = roll.completion_mask & (out["old_logprobs"] < DROPPED)
@@ -43,12 +45,15 @@ class TokenGRPO(Objective):
     def loss(self, roll, advantages, prepared, part):
         c, dev = self.config, self.policy.on_device
         lp = self.policy.token_logprobs(roll)
-        mask = dev(prepared["kept"]) & (lp.detach() > DROPPED)   # and what this update's truncation drops
+        kept = dev(prepared["kept"])
+        # and what this update's truncation drops; a NaN stays in, so the step is skipped and says so
+        mask = kept & ~(lp.detach() <= DROPPED)
         loss, m = clipped_surrogate(lp, dev(prepared["old_logprobs"]), dev(advantages), mask=mask, clip_range=c.clip_range,
                                     clip_range_high=c.clip_range_high, aggregation=c.aggregation)
         if "ref_logprobs" in prepared:
             kl = aggregate(kl_k3(lp, dev(prepared["ref_logprobs"]), mask), mask, c.aggregation)
             loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
+        m["nonfinite_logprobs"] = int((~lp.detach().isfinite() & kept).sum())   # the trainer's account of a skipped step
         return loss, m
 
 # %% auto #0

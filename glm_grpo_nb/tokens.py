@@ -25,7 +25,7 @@ CACHE_KEYWORD = "cache" if Version(transformers.__version__) >= Version("5.24") 
 
 
 # %% auto #0
-__all__ = ['CACHE_KEYWORD', 'sampling_logits', 'GridLayout', 'TokenRollout', 'concat_rollouts']
+__all__ = ['CACHE_KEYWORD', 'sampling_logits', 'GridLayout', 'TokenRollout', 'concat_rollouts', 'training_attention']
 
 # %% ../nbs/02a_tokens.ipynb #8435e1c0
 def sampling_logits(
@@ -374,6 +374,21 @@ def _position_ids(self: GlmImagePolicy, rollout: TokenRollout, rows: slice) -> t
     T = rollout.completion.shape[1]
     return torch.cat([prompt_pos, decode_pos[:, :, :T - 1]], dim=2)
 
+# %% ../nbs/02a_tokens.ipynb #b03ef686
+def training_attention(
+    attention_mask: torch.Tensor,   # [n, S] 1 for tokens, 0 for left padding
+    implementation: str,            # the language model's attention implementation ("sdpa", "eager", ...)
+) -> torch.Tensor:                  # what to pass the model as `attention_mask`
+    "The causal mask of a left-padded batch with no empty row: real tokens see the real tokens before them, padding itself."
+    valid = attention_mask.bool()
+    # without padding transformers runs the causal kernel; eager attention adds finfo.min, which leaves no row empty;
+    # flash-attention kernels drop padding before they attend
+    if valid.all() or implementation != "sdpa": return attention_mask
+    S = valid.shape[1]
+    causal = torch.ones(S, S, dtype=torch.bool, device=valid.device).tril()
+    itself = torch.eye(S, dtype=torch.bool, device=valid.device)
+    return ((causal & valid[:, None, :]) | itself)[:, None]   # [n, 1, S, S], True where a query attends
+
 # %% ../nbs/02a_tokens.ipynb #96e8814f
 @patch
 def token_logprobs(
@@ -381,24 +396,30 @@ def token_logprobs(
     rollout: TokenRollout,
     micro_batch_size: int | None = None,  # samples per forward (None: all at once)
     truncated: bool = True,               # the rollout's top-k / top-p; False: the whole codebook at its temperature
-) -> torch.Tensor:                          # [N, T] log-probs, with grad through the LoRA adapters; 0 where masked
+) -> torch.Tensor:   # [N, T] log-probs on the policy's device (the rollout stays on the host), with grad; 0 where masked
     "Teacher-forced log-probs of the rollout's tokens under the current policy and the rollout's sampling settings."
     N, T = rollout.num_samples, rollout.completion.shape[1]
     mb = N if micro_batch_size is None else micro_batch_size
     if mb < 1: raise ValueError(f"token_logprobs: micro_batch_size must be >= 1, got {micro_batch_size}.")
     if rollout.sequences.max() >= self.ar.config.text_config.vocab_size:
         raise ValueError("token_logprobs: the rollout holds ids outside this model's vocabulary; it comes from another model.")
+    attention = self.ar.model.language_model.config._attn_implementation
+    k, p = (rollout.top_k, rollout.top_p) if truncated else (0, 1.0)
     out = []
     with train_mode(self.ar, torch.is_grad_enabled()):   # dropout is 0 in our LoRA and in GLM-Image
         for start in range(0, N, mb):
             rows = slice(start, min(start + mb, N))
-            seq = self.on_device(rollout.sequences[rows, :-1])
-            attn = self.on_device(torch.cat([rollout.attention_mask[rows], torch.ones(seq.shape[0], T - 1, dtype=torch.long)], 1))
+            prompt_mask = rollout.attention_mask[rows]
             with torch.no_grad(): pos = self._position_ids(rollout, rows)
-            logits = self.ar(input_ids=seq, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=T).logits
-            k, p = (rollout.top_k, rollout.top_p) if truncated else (0, 1.0)
+            cut = int(prompt_mask.any(0).int().argmax())   # the columns every sample here pads
+            seq = self.on_device(rollout.sequences[rows, cut:-1])
+            attn = torch.cat([prompt_mask[:, cut:], torch.ones(seq.shape[0], T - 1, dtype=prompt_mask.dtype)], 1)
+            # logits for the T - 1 sampled tokens only: the forced end token is never scored, so nothing it holds
+            # (finfo.min in its row) reaches a gradient
+            logits = self.ar(input_ids=seq, attention_mask=training_attention(self.on_device(attn), attention),
+                             position_ids=pos[..., cut:], use_cache=False, logits_to_keep=T).logits[:, :-1]
             logp = sampling_logits(logits, self.codebook_size, rollout.temperature, k, p).log_softmax(-1)
-            target = self.on_device(rollout.completion[rows]).clamp(max=logp.shape[-1] - 1)
-            lp = logp.gather(-1, target[..., None])[..., 0]
-            out.append(torch.where(self.on_device(rollout.completion_mask[rows]), lp, torch.zeros_like(lp)))
+            lp = logp.gather(-1, self.on_device(rollout.completion[rows, :-1])[..., None])[..., 0]
+            lp = torch.where(self.on_device(rollout.completion_mask[rows, :-1]), lp, torch.zeros_like(lp))
+            out.append(torch.cat([lp, lp.new_zeros(lp.shape[0], 1)], 1))
     return torch.cat(out, 0)

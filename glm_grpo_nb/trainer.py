@@ -10,6 +10,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -81,6 +82,7 @@ class StepResult:
     metrics: dict[str, float]
     seconds: dict[str, float]            # sample_ar, sample_dit, decode, reward, prepare, update_ar, update_dit, optimizer
     skipped: bool = False
+    skip_reason: str | None = None       # what was not finite, and where (see `05d_faults`)
     dit_images: list[Image.Image] | None = None  # decoupled mode: the DiT group
     dit_rewards: torch.Tensor | None = None
     dit_advantages: torch.Tensor | None = None
@@ -145,12 +147,11 @@ class GRPOTrainer(FaultTolerance, RunLoop, ModelCard):
         self.output_dir, self._lock = (Path(output_dir) if output_dir is not None else None), None
         if self.output_dir is not None and self.accelerator.is_main_process: self._claim_output_dir(_resuming)
         named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
-        self.ar_params = [p for n, p in named if n.startswith("vision_language_encoder.")]
-        dit_named = [(n, p) for n, p in named if n.startswith("transformer.")]
-        self.dit_params = [p for _, p in dit_named]
+        ar_named, dit_named = ([(n, p) for n, p in named if n.startswith(k)] for k in ("vision_language_encoder.", "transformer."))
+        self.ar_params, self.dit_params = [p for _, p in ar_named], [p for _, p in dit_named]
         # what each half trains with (objectives); the DiT's also says how the DiT samples, trained or not
         self.objectives = {"ar": TokenGRPO(), "dit": make_objective(c.dit_objective)}
-        self.objectives["ar"].setup(self, [(n, p) for n, p in named if n.startswith("vision_language_encoder.")], c.train_ar)
+        self.objectives["ar"].setup(self, ar_named, c.train_ar)
         self.objectives["dit"].setup(self, dit_named, c.train_dit)
         lr_of = lambda half_lr: c.lr if half_lr is None else half_lr   # 0.0 is a learning rate, not "unset"
         groups = []
@@ -162,8 +163,7 @@ class GRPOTrainer(FaultTolerance, RunLoop, ModelCard):
             self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=c.weight_decay, eps=c.adam_epsilon)
         self.step_count, self.history, self.consecutive_skips, self.skipped_total = 0, [], 0, 0
         self.optimizer_steps = 0   # optimiser steps taken (updates_per_batch per pass): the objectives' decay counters
-        self._finishing, self._lowered = False, {}   # the step is updating (see `fit`); batches lowered this step
-        self._diversity_warned = False
+        self._finishing, self._lowered, self._diversity_warned = False, {}, False   # updating (see `fit`); lowered batches
         self.results = collections.deque(maxlen=c.keep_results)
         self._start_trackers(log_with)
 
@@ -362,8 +362,7 @@ class UpdateResult:
     dit_advantages: torch.Tensor   # [N] (joint mode: the same as advantages)
     seconds: dict[str, float]      # prepare, update_ar, update_dit, optimizer
 
-    def __iter__(self):   # metrics, adv, dit_adv, sec = trainer.update(s)
-        return iter((self.metrics, self.advantages, self.dit_advantages, self.seconds))
+    def __iter__(self): return iter((self.metrics, self.advantages, self.dit_advantages, self.seconds))   # m, adv, dit_adv, sec
 
 @patch
 def _halves(self: GRPOTrainer, s: Sample, adv, dit_adv) -> list[tuple]:
@@ -393,12 +392,12 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
         with _timed(sec, "prepare"): prepared[half], m = obj.prepare(data)
         metrics.update({f"{half}/{k}": v for k, v in m.items()})
     snap = self._snapshot() if snapshot is None else snapshot
-    n, total = len(s.prompts), {}
+    n, total, steps_taken = len(s.prompts), {}, 0
     for epoch in range(c.num_inner_epochs):
         for half, obj, data, a in halves: obj.begin_epoch(data, a, prepared[half], epoch)
         for j, step_rows in enumerate(self._update_rows(n)):   # updates_per_batch optimiser steps, whole groups each
             self.optimizer.zero_grad(set_to_none=True)
-            finite, agg = True, {}
+            fault, agg, steps_taken = None, {}, steps_taken + 1   # fault: the first non-finite loss or gradient, and where
             for half, obj, data, a in halves:   # e.g. DGPO's group weights at this step's weights
                 obj.before_update(data, a, prepared[half], step_rows)
             for rows in self._micro_batches(step_rows):
@@ -407,11 +406,11 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
                     mine = {k: v[rows] for k, v in prepared[half].items()}
                     parts = obj.num_parts(prepared[half])   # one backward each, so one part's activations live at a time
                     for part in range(parts):
-                        pw = w / parts
+                        pw, rerun = w / parts, partial(obj.loss, data.select(rows), a[rows], mine, part)
                         with _timed(sec, f"update_{half}"):
-                            loss, m = obj.loss(data.select(rows), a[rows], mine, part)
-                            if not torch.isfinite(loss): finite = False
-                            else: (loss * pw).backward()
+                            loss, m = rerun()
+                            if torch.isfinite(loss): (loss * pw).backward()
+                            fault = fault or self._fault(half, obj, loss, rows, m.pop("nonfinite_logprobs", 0), rerun)
                         for k, v in [("loss", loss.item())] + list(m.items()):
                             key = f"{half}/{k}"
                             if k.endswith("_min"): agg[key] = min(agg.get(key, v), v)
@@ -425,12 +424,12 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
                 agg[f"{half}/grad_norm"] = norms[half]
             if epoch == 0 and j == 0:   # the first optimiser step is at the weights that sampled: its ratios are 1
                 metrics.update({k.replace("/ratio_", "/first_ratio_"): v for k, v in agg.items() if "/ratio_m" in k})
-            for k, v in agg.items():   # over all optimiser steps: extremes, and means with equal weight per step
+            for k, v in agg.items():   # over the optimiser steps taken: extremes, and sums (means below)
                 if k.endswith("_min"): total[k] = min(total.get(k, v), v)
                 elif k.endswith("_max"): total[k] = max(total.get(k, v), v)
-                else: total[k] = total.get(k, 0.0) + v / (c.num_inner_epochs * c.updates_per_batch)
-            if not self._everywhere(finite and all(math.isfinite(v) for v in norms.values())):
-                self.skip_reason = f"the loss or a gradient was not finite (inner epoch {epoch}, optimiser step {j})"
+                else: total[k] = total.get(k, 0.0) + v
+            if not self._everywhere(fault is None and all(math.isfinite(v) for v in norms.values())):
+                self.skip_reason = self._skip_account(fault, norms, epoch, j, metrics)   # what, where, and its numbers
             else:
                 with _timed(sec, "optimizer"): self.optimizer.step()
                 if not self._weights_finite():
@@ -444,7 +443,7 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
         if self.skip_reason is not None:
             self._restore(snap)   # the whole step is undone, earlier optimiser steps included
             break
-    metrics.update(total)
+    metrics.update({k: v if k.endswith(("_min", "_max")) else v / max(steps_taken, 1) for k, v in total.items()})
     if self.skip_reason is None:   # e.g. DiffusionNFT's old adapter follows (restored with the step if it fails)
         for half, obj, *_ in halves: metrics.update({f"{half}/{k}": v for k, v in obj.after_step(self.optimizer_steps).items()})
     metrics["skipped"] = float(self.skip_reason is not None)
@@ -465,7 +464,7 @@ def step(self: GRPOTrainer) -> StepResult:
     self._finishing = True   # from here on a first Ctrl-C / SIGTERM lets the step finish (see `fit`)
     try:
         if not self._everywhere(error is None):
-            self._count_skip(error or "a reward was not finite on another process")
+            self._count_skip(error or "a reward was not finite on another process")   # the skip_reason too
             res = self._skipped_result(prompts)
         else:
             metrics, adv, dit_adv, sec = self._retry_oom("update", len(s.prompts), lambda: self.update(s, snapshot=snap),
@@ -479,7 +478,7 @@ def step(self: GRPOTrainer) -> StepResult:
                              sources=s.sources, group_size=self.config.group_size, rewards=s.reward.total,
                              reward_components=s.reward.components, advantages=adv, metrics=metrics,
                              seconds={**s.seconds, **sec}, skipped=bool(metrics["skipped"]), dit_images=s.dit_images,
-                             dit_rewards=None if s.dit_reward is None else s.dit_reward.total,
+                             skip_reason=self.skip_reason, dit_rewards=None if s.dit_reward is None else s.dit_reward.total,
                              dit_advantages=None if s.dit_reward is None else dit_adv)
         self._log(res)
         self._watch_diversity(res.metrics)
@@ -496,5 +495,6 @@ def _skipped_result(self: GRPOTrainer, prompts) -> StepResult:
     G = self.config.group_size
     return StepResult(step=self.step_count, prompts=_repeat(prompts, G), images=[], targets=None, sources=None,
                       group_size=G, rewards=torch.zeros(0), reward_components={},
-                      advantages=torch.zeros(0), metrics={"skipped": 1.0}, seconds={}, skipped=True)
+                      advantages=torch.zeros(0), metrics={"skipped": 1.0}, seconds={}, skipped=True,
+                      skip_reason=self.skip_reason)
 
