@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import signal
 import threading
 import warnings
@@ -112,7 +113,8 @@ def _locate(self: FaultTolerance, rerun) -> str:
         except RuntimeError as e:
             op = str(e).split("'")[1] if str(e).count("'") >= 2 else str(e)[:200]
             trace = next((str(w.message) for w in seen if "Traceback of forward call" in str(w.message)), "")
-            frames = [l.strip() for l in trace.splitlines() if l.strip().startswith("File ")]
+            frames = [l.strip() for l in trace.splitlines() if l.strip().startswith("File ")
+                      and f"{os.sep}torch{os.sep}" not in l]   # the caller's line, not torch's own machinery
             return f"anomaly detection: first in {op}" + (f", made by the forward at {frames[-1]}" if frames else "")
         finally: self.optimizer.zero_grad(set_to_none=True)
     return "anomaly detection ran the micro-batch again and found every gradient finite (a nondeterministic fault)"

@@ -135,10 +135,14 @@ class PoisonedSiLU(torch.autograd.Function):
     def backward(ctx, grad): return torch.full_like(grad, float("nan"))
 
 
+class PoisonedActivation(torch.nn.Module):
+    def forward(self, x): return PoisonedSiLU.apply(x) if torch.is_grad_enabled() else F.silu(x)
+
+
 def test_a_skipped_step_says_what_and_where(tiny_path, tmp_path, monkeypatch):
     t = _trainer(tiny_path, tmp_path)
     mlp = t.policy.ar.model.language_model.layers[0].mlp
-    monkeypatch.setattr(mlp.act_fn, "forward", lambda x: PoisonedSiLU.apply(x) if torch.is_grad_enabled() else F.silu(x))
+    monkeypatch.setattr(mlp, "activation_fn", PoisonedActivation())
     before = {n: p.detach().clone() for n, p in t.policy.named_parameters() if p.requires_grad}
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
