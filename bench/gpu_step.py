@@ -15,10 +15,14 @@ trainer times (sample_ar, sample_dit, decode, reward, prepare, update_ar, update
 for the same setting, the first inner epoch's ratio extremes (AR, DiT) and `ar/sampler_gap`, every `lowered/*` (a batch
 halved after running out of memory), whether the step was skipped and why; per setting the build seconds, the resident
 memory after loading and dynamo's graph counts (the first step includes compiling the decode step).
+A setting fails, and the exit status is non-zero, when any step is skipped or leaves a non-finite gradient norm; each
+step reports the first optimiser step's ratios (`first_ratio_*`), each half's loss, gradient norm and clip fraction, and
+a skipped step's account (`skip_reason`, `nonfinite/*`).
 Run from the repository root on a machine with CUDA:
-python -m bench.gpu_step [--quick] [--model FOLDER_OR_HUB_ID] [--only NAME[,NAME]] [--steps N] [--out FILE]
-(--quick: 512x512, one step each, a smoke test; --only: settings by name, see SETTINGS; --tiny: the tiny model on the
-CPU at 64x64, a check of this script itself)."""
+python -m bench.gpu_step [--quick] [--model FOLDER_OR_HUB_ID] [--layers N] [--only NAME[,NAME]] [--steps N] [--out FILE]
+(--quick: 512x512, one step each, a smoke test; --layers N: the released width with N layers per stack, built in memory
+on the GPU, for a quick bisect; --only: settings by name, see SETTINGS; --steps: 3 by default, the first compiles;
+--tiny: the tiny model on the CPU at 64x64, a check of this script itself)."""
 import contextlib
 import json
 import os
@@ -65,6 +69,16 @@ def timed_with_memory(seconds: dict, name: str):
             PEAKS[name] = (max(old[0], a), max(old[1], r))
 
 
+HALF_METRICS = ("first_ratio_min", "first_ratio_max", "loss", "grad_norm", "clip_fraction")
+
+
+def step_failure(step: dict) -> str | None:
+    "Why a step's report marks its setting failed: skipped, or a non-finite gradient norm (None: it learned)."
+    if step["skipped"]: return f"skipped: {step['skip_reason']}"
+    bad = [k for k, v in step["halves"].items() if k.endswith("grad_norm") and not (v is not None and abs(v) < float("inf"))]
+    return f"non-finite {', '.join(bad)}" if bad else None
+
+
 def one_setting(model: str, name: str, size: int, steps: int, tiny: bool) -> dict:
     "Load the model, run `steps` GRPO steps of setting `name`, return the report (in this process)."
     import torch
@@ -99,7 +113,7 @@ def one_setting(model: str, name: str, size: int, steps: int, tiny: bool) -> dic
     gh, gw = token_grid(size, size)
     pl = plan(height=size, width=size, group_size=4, prompts_per_step=2, load_in_4bit=s["load_in_4bit"], lora_rank=16,
               num_inference_steps=10, sde_window=c.sde_window, guidance_scale=c.guidance_scale,
-              micro_batch_size=c.micro_batch_size, dit_objective=s["objective"], decode_batch=c.decode_batch,
+              micro_batch_size=c.micro_batch_size, updates_per_batch=c.updates_per_batch, dit_objective=s["objective"], decode_batch=c.decode_batch,
               sampling_copy=policy.sampling_copy, source_images=1 if sources else 0)
     resident = sum(pl.resident.values()) / GB
     out.update(plan_peak_gb=round(pl.peak / GB, 2), steps=[])
@@ -119,8 +133,11 @@ def one_setting(model: str, name: str, size: int, steps: int, tiny: bool) -> dic
                               if k in PLAN_PHASE else None} for k, (a, r) in PEAKS.items()},
             "ratio": {k: m.get(k) for k in ("ar/ratio_min", "ar/ratio_max", "dit/ratio_min", "dit/ratio_max",
                                             "ar/sampler_gap")},
+            "halves": {f"{h}/{k}": m.get(f"{h}/{k}") for h in ("ar", "dit") for k in HALF_METRICS},
+            "nonfinite": {k: v for k, v in m.items() if k.startswith("nonfinite/")},
             "lowered": {k: v for k, v in m.items() if k.startswith("lowered/")},
-            "skipped": res.skipped, "skip_reason": t.skip_reason})
+            "skipped": res.skipped, "skip_reason": res.skip_reason})
+        out["steps"][-1]["failure"] = step_failure(out["steps"][-1])
     t.close()
     from torch._dynamo.utils import counters
     out["dynamo"] = {"unique_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
@@ -130,7 +147,8 @@ def one_setting(model: str, name: str, size: int, steps: int, tiny: bool) -> dic
 def main():
     quick, tiny = "--quick" in sys.argv, "--tiny" in sys.argv
     size = 64 if tiny else 512 if quick else 1024
-    steps = int(_arg("--steps", 1 if quick or tiny else 2))
+    steps = int(_arg("--steps", 1 if quick or tiny else 3))
+    layers = int(_arg("--layers")) if "--layers" in sys.argv else None
     names = _arg("--only", ",".join(SETTINGS)).split(",")
     unknown = [n for n in names if n not in SETTINGS]
     if unknown: sys.exit(f"bench.gpu_step: unknown setting(s) {unknown}; the settings: {', '.join(SETTINGS)}.")
@@ -138,14 +156,16 @@ def main():
     if not tiny and not torch.cuda.is_available(): sys.exit("bench.gpu_step needs a CUDA GPU (or --tiny, on the CPU).")
     model, t0 = _arg("--model"), time.perf_counter()
     report = {"device": "cpu (tiny)" if tiny else torch.cuda.get_device_name(), "torch": torch.__version__,
-              "model": model or ("tiny" if tiny else "random, released architecture"), "size": size, "runs": []}
+              "model": model or ("tiny" if tiny else "random, released architecture"
+                                 + (f", {layers} layer(s) per stack" if layers else "")), "size": size, "runs": []}
     if model is None:
         if tiny:
             from glm_grpo_nb.tiny import make_tiny_glm_image
             model = str(make_tiny_glm_image(Path(tempfile.mkdtemp()) / "tiny"))
         else:   # built on the GPU in bf16, written once; each setting reads it back
             from glm_grpo_nb.tiny import make_random_glm_image
-            model = str(make_random_glm_image("cuda", torch.bfloat16, path=Path("/dev/shm") / "glm-image-random"))
+            folder = Path("/dev/shm") / ("glm-image-random" + (f"-{layers}-layers" if layers else ""))
+            model = str(make_random_glm_image("cuda", torch.bfloat16, path=folder, layers=layers))
             torch.cuda.empty_cache()
         report["model_seconds"] = round(time.perf_counter() - t0, 1)
     out = Path(_arg("--out", "gpu_step.json"))
@@ -157,11 +177,18 @@ def main():
         try: result = json.loads(lines[-1])
         except (IndexError, json.JSONDecodeError):   # the process died (a CUDA error, killed): its last words
             result = {"setting": name, "error": f"exit status {proc.returncode}", "stderr": proc.stderr[-4000:]}
-        report["runs"].append({**result, "seconds": round(time.perf_counter() - t1, 1)})
+        failures = [result["error"]] if "error" in result else [f"step {i}: {st['failure']}"
+                                                                for i, st in enumerate(result["steps"]) if st["failure"]]
+        report["runs"].append({**result, "failures": failures, "seconds": round(time.perf_counter() - t1, 1)})
         out.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"{name}: {'failed, ' + result['error'] if 'error' in result else 'done'} "
+        print(f"{name}: {'FAILED, ' + '; '.join(failures) if failures else 'done'} "
               f"({report['runs'][-1]['seconds']} s), written to {out}", flush=True)
+        for i, st in enumerate(result.get("steps", [])):   # peak allocated GB, measured / planned, phase by phase
+            print(f"  step {i}: {st['step_seconds']} s; " + ", ".join(
+                f"{k} {v['allocated']}/{v['plan']}" for k, v in st["memory_gb"].items() if v["plan"] is not None), flush=True)
     print(json.dumps(report, indent=1))
+    failed = [r["setting"] for r in report["runs"] if r["failures"]]
+    if failed: sys.exit(f"bench.gpu_step: {len(failed)} setting(s) failed: {', '.join(failed)} (see {out}).")
 
 
 if __name__ == "__main__":

@@ -316,6 +316,7 @@ def plan(
     train: str = "both",       # ar, dit or both
     gradient_checkpointing: bool = True,  # recompute activations in backward (much less memory, slower)
     micro_batch_size: int = _TRAINED["micro_batch_size"],  # samples per forward/backward (default: all of a step's)
+    updates_per_batch: int = _TRAINED["updates_per_batch"],  # optimiser steps per sampled batch (default: the objective's)
     num_inference_steps: int = _TRAINED["num_inference_steps"],  # denoising steps
     sde_window: list[int] = _TRAINED["sde_window"],  # the stochastic (trained) steps, e.g. 0 1 (default: the first quarter)
     guidance_scale: float = _TRAINED["guidance_scale"],  # DiT guidance (<= 1: one branch; default: the objective's)
@@ -334,7 +335,8 @@ def plan(
     from glm_grpo_nb.memory import plan as make_plan
     p = make_plan(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step,
                   load_in_4bit=load_in_4bit, lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing,
-                  micro_batch_size=micro_batch_size, num_inference_steps=num_inference_steps, sde_window=sde_window,
+                  micro_batch_size=micro_batch_size, updates_per_batch=updates_per_batch,
+                  num_inference_steps=num_inference_steps, sde_window=sde_window,
                   guidance_scale=guidance_scale, dit_objective=dit_objective, decode_batch=decode_batch, sampling_copy=sampling_copy,
                   reward_model_params=reward_model_params, source_images=source_images, ar_sample_batch=ar_sample_batch,
                   dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts, budget_gb=budget_gb)

@@ -117,10 +117,13 @@ class MemoryPlan:
 def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, lora_rank, train, gradient_checkpointing,
               micro_batch_size, num_inference_steps, sde_window, guidance_scale, dtype_bytes, reward_model_params, prompt_len, decode_batch,
               sampling_copy, dit_objective="flow_grpo", source_images=0, ar_sample_batch=None, dit_sample_batch=None,
-              eval_prompts=0):
+              eval_prompts=0, updates_per_batch=None):
     ar, dit, t5, vae = mods["ar"], mods["dit"], mods["text_encoder"], mods["vae"]
     N = group_size * prompts_per_step
-    mb = N if micro_batch_size is None else min(micro_batch_size, N)
+    k = objective_class(dit_objective, "plan").defaults["updates_per_batch"] if updates_per_batch is None else updates_per_batch
+    if updates_per_batch is None: k = max(d for d in range(1, k + 1) if prompts_per_step % d == 0)   # as GRPOConfig resolves it
+    rows = group_size * -(-prompts_per_step // k)   # one optimiser step's samples: all the update holds at once
+    mb = rows if micro_batch_size is None else min(micro_batch_size, rows)
     ns_ar = N if ar_sample_batch is None else min(ar_sample_batch, N)     # samples per AR / DiT sampling call
     ns_dit = N if dit_sample_batch is None else min(dit_sample_batch, N)
     resident = {   # under 4-bit the AR's other parameters stay in the compute dtype (the policy skips peft's upcast)
@@ -210,7 +213,8 @@ def plan(
     lora_rank: int = 16,                     # LoRA rank of both halves (glm-grpo train's)
     train: str = "both",                     # "ar", "dit" or "both"
     gradient_checkpointing: bool = True,
-    micro_batch_size: int | None = TRAINED["micro_batch_size"],   # samples per forward/backward in the update (None: all)
+    micro_batch_size: int | None = TRAINED["micro_batch_size"],   # samples per forward/backward in the update (None: all of an optimiser step's)
+    updates_per_batch: int | None = TRAINED["updates_per_batch"],  # optimiser steps per sampled batch (None: the objective's)
     num_inference_steps: int = TRAINED["num_inference_steps"],    # denoising steps
     sde_window=TRAINED["sde_window"],        # stochastic (trained) steps (as in sample_latents)
     guidance_scale: float | None = TRAINED["guidance_scale"],     # None: the objective's, as the trainer resolves it
@@ -233,6 +237,7 @@ def plan(
         deprecated("plan", "num_steps", "num_inference_steps", stacklevel=3); num_inference_steps = num_steps
     if train not in ("ar", "dit", "both"): raise ValueError(f"plan: train must be 'ar', 'dit' or 'both', got {train!r}.")
     for name, v in (("group_size", group_size), ("prompts_per_step", prompts_per_step), ("micro_batch_size", micro_batch_size),
+                    ("updates_per_batch", updates_per_batch),
                     ("decode_batch", decode_batch), ("ar_sample_batch", ar_sample_batch), ("dit_sample_batch", dit_sample_batch)):
         if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"plan: {name} must be an int >= 1, got {v!r}.")
     check_image_size(height, width, "plan")
@@ -245,7 +250,8 @@ def plan(
                 num_inference_steps=num_inference_steps, sde_window=sde_window, guidance_scale=guidance_scale, dtype_bytes=DTYPE_BYTES[dtype],
                 reward_model_params=reward_model_params, prompt_len=prompt_len, decode_batch=decode_batch,
                 sampling_copy=sampling_copy, dit_objective=dit_objective, source_images=source_images,
-                ar_sample_batch=ar_sample_batch, dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts)
+                ar_sample_batch=ar_sample_batch, dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts,
+                updates_per_batch=updates_per_batch)
     for name, v in (("source_images", source_images), ("eval_prompts", eval_prompts)):
         if not isinstance(v, int) or v < 0: raise ValueError(f"plan: {name} must be an int >= 0, got {v!r}.")
     p = MemoryPlan(*_estimate(mods, **args), budget=int(budget_gb * GB))
