@@ -26,8 +26,8 @@ def test_step_on_cuda_is_on_policy(tiny_path, tmp_path):
     for _ in range(2):
         m = trainer.step().metrics
         assert not m["skipped"]
-        assert abs(m["ar/ratio_min"] - 1) < 1e-3 and abs(m["ar/ratio_max"] - 1) < 1e-3, m   # old log-probs: training forward
-        assert abs(m["dit/ratio_min"] - 1) < 1e-3 and abs(m["dit/ratio_max"] - 1) < 1e-3, m
+        assert abs(m["ar/first_ratio_min"] - 1) < 1e-3 and abs(m["ar/first_ratio_max"] - 1) < 1e-3, m   # old log-probs: training forward
+        assert abs(m["dit/first_ratio_min"] - 1) < 1e-3 and abs(m["dit/first_ratio_max"] - 1) < 1e-3, m
         assert 0 <= m["ar/sampler_gap"] < 0.1, m                                             # bf16 copy vs NF4 + LoRA
     trainer.save()
     resumed = GRPOTrainer.resume(tmp_path / "run", GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8,
@@ -68,7 +68,9 @@ def test_4bit_sampling_copy_is_bf16_and_compiled(tiny_path):
     roll = policy.sample_tokens(["a red square", "a blue circle"], 4, 64, 64, seed=0)
     assert counters["stats"]["unique_graphs"] >= 1 and sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert next(iter(policy._kv.values()))[0].layers[0].keys.dtype == torch.bfloat16   # the KV cache in bf16 too
-    with torch.no_grad(): gap = (roll.logprobs - policy.token_logprobs(roll)).abs()[roll.completion_mask].mean().item()
+    # the rollout lives on the host, the policy's log-probs (with their graph) on its device: `on_device` crosses
+    with torch.no_grad(): lp = policy.token_logprobs(roll)
+    gap = (policy.on_device(roll.logprobs) - lp).abs()[policy.on_device(roll.completion_mask)].mean().item()
     assert gap < 5e-3, gap
     assert any(m.lora_A.shape[0] and m.lora_B.abs().max() > 0 for m in copy.modules() if isinstance(m, LowRankLinear))
     graphs = counters["stats"]["unique_graphs"]
@@ -134,7 +136,7 @@ def test_cfg_free_flow_grpo_on_cuda(tiny_path):
                           num_inference_steps=4, sde_window=[0, 1], sde_type="cps", guidance_scale=1.0, kl_coef=0.1,
                           kl_type="velocity", train_ar=False)
     m = trainer.step().metrics
-    assert abs(m["dit/ratio_min"] - 1) < 1e-3 and abs(m["dit/ratio_max"] - 1) < 1e-3 and m["dit/kl"] >= 0, m
+    assert abs(m["dit/first_ratio_min"] - 1) < 1e-3 and abs(m["dit/first_ratio_max"] - 1) < 1e-3 and m["dit/kl"] >= 0, m
 
 
 def _trainer(tiny_path, load_in_4bit=True, data=("a red square", "a 'HI' sign"), **kw):
@@ -177,12 +179,12 @@ def test_i2i_and_decoupled_on_cuda(tiny_path):
     trainer = _trainer(tiny_path, data=[{"prompt": "make it red", "source": src}, {"prompt": "add a dot", "source": src}],
                        sde_window=[0, 1], micro_batch_size=3)
     m = trainer.step().metrics
-    assert not m["skipped"] and abs(m["dit/ratio_min"] - 1) < 1e-3 and abs(m["dit/ratio_max"] - 1) < 1e-3, m
+    assert not m["skipped"] and abs(m["dit/first_ratio_min"] - 1) < 1e-3 and abs(m["dit/first_ratio_max"] - 1) < 1e-3, m
     assert "_sources" not in trainer.policy.__dict__   # released after the update
     trainer.close()
     trainer = _trainer(tiny_path, mode="decoupled", sde_window=[0, 1])
     res = trainer.step()
-    assert not res.skipped and res.dit_images is not None and abs(res.metrics["dit/ratio_max"] - 1) < 1e-3, res.metrics
+    assert not res.skipped and res.dit_images is not None and abs(res.metrics["dit/first_ratio_max"] - 1) < 1e-3, res.metrics
     trainer.close()
 
 
@@ -201,4 +203,37 @@ def test_evaluate_and_out_of_memory_retry_on_cuda(tiny_path, monkeypatch):
     hist = trainer.fit(1, progress=False)
     assert calls[0] == 8 and trainer.config.dit_sample_batch == 4 and hist[-1]["lowered/dit_sample_batch"] == 4
     assert "eval/reward" in hist[-1] and not policy._kv   # evaluated; its KV caches released
+    trainer.close()
+
+
+def test_released_width_step_learns_on_cuda(tmp_path):
+    """The released width, vocabulary and token ids with two layers per stack, one GRPO step at 1024x1024 with the
+    trainer's defaults (G = 4 x 2, 10 denoising steps, NF4, the sampling copy, gradient checkpointing): not skipped, and
+    every AR and DiT gradient of the first optimiser step finite (the H200's first run skipped every step: ar/grad_norm NaN)."""
+    from glm_grpo_nb.policy import GlmImagePolicy
+    from glm_grpo_nb.rewards import RednessReward
+    from glm_grpo_nb.tiny import make_random_glm_image
+    from glm_grpo_nb.trainer import GRPOTrainer
+    parts = make_random_glm_image("cuda", torch.bfloat16, layers=2, load_in_4bit=True)
+    policy = GlmImagePolicy.from_components(parts, load_in_4bit=True, ar_lora=16, dit_lora=16, device="cuda")
+    del parts
+    assert policy.sampling_copy
+    prompts = ["a lighthouse on a cliff at dusk, oil painting", "a bowl of ramen on a wooden table, photo"]
+    trainer = GRPOTrainer(policy, RednessReward(), prompts, group_size=4, prompts_per_step=2, height=1024, width=1024,
+                          num_inference_steps=10, output_dir=tmp_path / "run")
+    grads = []
+    real = trainer.optimizer.step
+    def step_and_check(*a, **kw):   # the gradients each optimiser step applies
+        grads.append({n: bool(torch.isfinite(p.grad).all()) for n, p in policy.named_parameters() if p.grad is not None})
+        return real(*a, **kw)
+    trainer.optimizer.step = step_and_check
+    res = trainer.step()
+    assert not res.skipped, res.skip_reason
+    m = res.metrics
+    assert grads and all(all(g.values()) for g in grads), [n for g in grads for n, ok in g.items() if not ok][:5]
+    assert any("vision_language_encoder" in n for n in grads[0]) and any("transformer" in n for n in grads[0])
+    assert 0 < m["ar/grad_norm"] < float("inf") and 0 < m["dit/grad_norm"] < float("inf"), m
+    assert abs(m["ar/first_ratio_min"] - 1) < 1e-3 and abs(m["ar/first_ratio_max"] - 1) < 1e-3, m
+    assert abs(m["dit/first_ratio_min"] - 1) < 1e-3 and abs(m["dit/first_ratio_max"] - 1) < 1e-3, m
+    assert trainer.optimizer_steps == trainer.config.updates_per_batch == 2
     trainer.close()
