@@ -97,7 +97,8 @@ def nonfinite_grads(named) -> tuple[int, list[str]]:
 @patch
 def _fault(self: FaultTolerance, half, obj, loss, rows, bad_logprobs, rerun) -> dict | None:
     "After `half`'s backward on micro-batch `rows`: None, or what was not finite (the loss, or these gradients)."
-    fault = dict(half=half, rows=list(rows), logprobs=int(bad_logprobs), rerun=rerun, tensors=len(obj.named_params))
+    # bad_logprobs: non-finite log-probs the objective's forward made (None: an objective without log-probs)
+    fault = dict(half=half, rows=list(rows), logprobs=bad_logprobs, rerun=rerun, tensors=len(obj.named_params))
     if not torch.isfinite(loss): return {**fault, "what": "loss", "value": loss.item()}
     elements, names = nonfinite_grads(obj.named_params)
     return {**fault, "what": "gradient", "elements": elements, "names": names} if elements else None
@@ -133,9 +134,10 @@ def _account(self: FaultTolerance, fault, norms, epoch, j) -> tuple[str, dict]:
         bad = [h for h, v in norms.items() if not math.isfinite(v)]
         why = ("a gradient was not finite after averaging over processes" if bad else "another process met a non-finite update")
         return f"{why} ({where}; gradient norms {norms})", {f"nonfinite/{h}_grad_norm": 1.0 for h in bad}
-    half, metrics = fault["half"], {f"nonfinite/{fault['half']}_logprobs": float(fault["logprobs"])}
-    lp = (f"the forward's log-probs held {fault['logprobs']} non-finite value(s)" if fault["logprobs"]
-          else "the forward's log-probs were finite")
+    half, n_lp = fault["half"], fault["logprobs"]
+    metrics = {} if n_lp is None else {f"nonfinite/{half}_logprobs": float(n_lp)}
+    lp = ("the objective computes no log-probs" if n_lp is None else
+          f"the forward's log-probs held {n_lp} non-finite value(s)" if n_lp else "the forward's log-probs were finite")
     if fault["what"] == "loss":
         metrics[f"nonfinite/{half}_loss"] = 1.0
         return f"the {half} loss was {fault['value']} on micro-batch rows {fault['rows']} ({where}); {lp}", metrics
@@ -144,7 +146,7 @@ def _account(self: FaultTolerance, fault, norms, epoch, j) -> tuple[str, dict]:
     why = (f"the {half} gradient was not finite: {fault['elements']:,} element(s) in {len(names)} of {fault['tensors']} "
            f"tensors after micro-batch rows {fault['rows']} ({where}), first {', '.join(names[:3])}; {lp}, so the backward "
            "made the non-finite values")
-    if not fault["logprobs"] and self.config.locate_nonfinite and self.accelerator.num_processes == 1:
+    if not n_lp and self.config.locate_nonfinite and self.accelerator.num_processes == 1:
         why += "; " + self._locate(fault["rerun"])
     return why, metrics
 

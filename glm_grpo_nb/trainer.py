@@ -410,7 +410,7 @@ def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
                         with _timed(sec, f"update_{half}"):
                             loss, m = rerun()
                             if torch.isfinite(loss): (loss * pw).backward()
-                            fault = fault or self._fault(half, obj, loss, rows, m.pop("nonfinite_logprobs", 0), rerun)
+                            fault = fault or self._fault(half, obj, loss, rows, m.pop("nonfinite_logprobs", None), rerun)
                         for k, v in [("loss", loss.item())] + list(m.items()):
                             key = f"{half}/{k}"
                             if k.endswith("_min"): agg[key] = min(agg.get(key, v), v)
