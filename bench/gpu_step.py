@@ -84,13 +84,14 @@ def one_setting(model: str, name: str, size: int, steps: int, tiny: bool) -> dic
     import torch
     from PIL import Image
     import glm_grpo_nb.trainer as trainer_module
+    import glm_grpo_nb.update as update_module
     from glm_grpo_nb.hub import token_grid
     from glm_grpo_nb.memory import GB, plan
     from glm_grpo_nb.policy import GlmImagePolicy
     from glm_grpo_nb.rewards import RednessReward
     from glm_grpo_nb.trainer import GRPOTrainer
     s = SETTINGS[name]
-    trainer_module._timed = timed_with_memory
+    trainer_module._timed = update_module._timed = timed_with_memory   # sampling and the update
     device = "cpu" if tiny else "cuda"
     t0 = time.perf_counter()
     policy = GlmImagePolicy.from_pretrained(model, load_in_4bit=s["load_in_4bit"], ar_lora=16, dit_lora=16, device=device,

@@ -91,13 +91,14 @@ def one_setting(layers: int, dtype: str, objective: str, mode: str, size: int) -
     import torch
     from PIL import Image
     import glm_grpo_nb.trainer as trainer_module
+    import glm_grpo_nb.update as update_module
     from glm_grpo_nb.policy import GlmImagePolicy
     from glm_grpo_nb.rewards import RednessReward
     from glm_grpo_nb.tiny import make_random_glm_image
     from glm_grpo_nb.trainer import GRPOTrainer
     torch.manual_seed(0)
     q = dtype == "nf4"
-    trainer_module._timed = timed_with_rss
+    trainer_module._timed = update_module._timed = timed_with_rss   # sampling and the update
     rss0 = _status("VmRSS")
     _reset_peak()
     t0 = time.perf_counter()

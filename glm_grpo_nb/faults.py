@@ -121,14 +121,8 @@ def _locate(self: FaultTolerance, rerun) -> str:
     return "anomaly detection ran the micro-batch again and found every gradient finite (a nondeterministic fault)"
 
 @patch
-def _skip_account(self: FaultTolerance, fault, norms, epoch, j, metrics: dict) -> str:
-    "`skip_reason` for an optimiser step that is not taken; its numbers go into `metrics` as `nonfinite/*`."
-    why, numbers = self._account(fault, norms, epoch, j)
-    metrics.update(numbers)
-    return why
-
-@patch
-def _account(self: FaultTolerance, fault, norms, epoch, j) -> tuple[str, dict]:
+def _skip_account(self: FaultTolerance, fault, norms, epoch, j) -> tuple[str, dict]:
+    "`skip_reason` for optimiser step `j` of inner epoch `epoch`, which is not taken, and its numbers (`nonfinite/*` metrics)."
     where = f"inner epoch {epoch}, optimiser step {j}"
     if fault is None:
         bad = [h for h, v in norms.items() if not math.isfinite(v)]

@@ -6,11 +6,7 @@
 from __future__ import annotations
 
 import collections
-import contextlib
-import math
-import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -22,18 +18,18 @@ from .data import open_image
 from .card import ModelCard
 from .faults import FaultTolerance, OutOfMemory, TrainingStopped, is_out_of_memory  # noqa: F401 (documented here too)
 from .hub import model_size, same_device
-from .loss import group_advantages
 from .objectives import TokenGRPO, make_objective
-from .policy import GlmImagePolicy, generators, mix_seed, randn_rows, to_host
+from .policy import GlmImagePolicy, generators, mix_seed, randn_rows
 from .rewards import (NonFiniteRewardError, RewardOutput, check_reward_signature, evaluate_reward,
-                                 group_diversity, reward_name)
+                                 reward_name)
 from .run import FitSummary, RunLoop, _as_dataset, _chunks, _columns  # noqa: F401 (FitSummary: documented here too)
 from .tokens import TokenRollout, concat_rollouts
+from .update import Updates, UpdateResult, _timed  # noqa: F401 (UpdateResult: documented here too)
 from .flow import LatentTrajectory, concat_trajectories
 
 
 # %% auto #0
-__all__ = ['Sample', 'StepResult', 'GRPOTrainer', 'UpdateResult']
+__all__ = ['Sample', 'StepResult', 'GRPOTrainer']
 
 # %% ../nbs/05_trainer.ipynb #edebe9e3
 @dataclass
@@ -109,10 +105,10 @@ class StepResult:
         return {"image/png": base64.b64encode(buf.getvalue()).decode(), "text/plain": repr(self)}
 
 # %% ../nbs/05_trainer.ipynb #becb5b34
-class GRPOTrainer(FaultTolerance, RunLoop, ModelCard):
+class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
     "Step-through GRPO for GLM-Image's AR model and/or DiT decoder."
-    # the step's phases are here; snapshots, out-of-memory retries and signals in `faults`; fit, evaluate, save and
-    # resume in `run`; what each half trains with in `objectives`
+    # sampling and the step are here; the update in `update`; snapshots, out-of-memory retries and signals in `faults`;
+    # fit, evaluate, save and resume in `run`; what each half trains with in `objectives`
     def __init__(
         self,
         policy: GlmImagePolicy,
@@ -163,7 +159,8 @@ class GRPOTrainer(FaultTolerance, RunLoop, ModelCard):
             self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=c.weight_decay, eps=c.adam_epsilon)
         self.step_count, self.history, self.consecutive_skips, self.skipped_total = 0, [], 0, 0
         self.optimizer_steps = 0   # optimiser steps taken (updates_per_batch per pass): the objectives' decay counters
-        self._finishing, self._lowered, self._diversity_warned = False, {}, False   # updating (see `fit`); lowered batches
+        self._finishing, self._lowered = False, {}   # the step is updating (see `fit`); batches lowered this step
+        self._diversity_warned = False
         self.results = collections.deque(maxlen=c.keep_results)
         self._start_trackers(log_with)
 
@@ -249,13 +246,6 @@ def _repeat(xs, G):
     "Each element G times in a row (prompt-major), None stays None."
     return None if xs is None else [x for x in xs for _ in range(G)]
 
-@contextlib.contextmanager
-def _timed(seconds: dict, name: str):
-    "Add the seconds spent in the block to `seconds[name]`."
-    start = time.perf_counter()
-    try: yield
-    finally: seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
-
 # %% ../nbs/05_trainer.ipynb #8c0f1a04
 @patch
 def sample(self: GRPOTrainer, prompts=None, targets=None, sources=None, step: int | None = None,
@@ -322,133 +312,6 @@ def _sample_dit(self: GRPOTrainer, roll: TokenRollout, seed=None, initial_noise=
                                 initial_noise=None if initial_noise is None else initial_noise[rows], **kw)
              for rows in _chunks(n, b)]
     return concat_trajectories(parts, pol.processor.tokenizer.pad_token_id).regroup(roll.group_size)
-
-# %% ../nbs/05_trainer.ipynb #809cff2d
-@patch
-def _global_advantages(self: GRPOTrainer, rewards: torch.Tensor):
-    acc = self.accelerator
-    local = self.policy.on_device(rewards)   # the accelerator's device: the policy was built on it
-    full = to_host(acc.gather(local) if acc.num_processes > 1 else local)
-    adv, stats = group_advantages(full, self.config.group_size, scale=self.config.advantage_scale)
-    n = rewards.shape[0]
-    return adv[acc.process_index * n:(acc.process_index + 1) * n], stats, full
-
-@patch
-def _diversity(self: GRPOTrainer, images) -> float:
-    "Mean within-group diversity of this step's images, over every process's groups."
-    local = group_diversity(images, self.config.group_size).mean()
-    acc = self.accelerator
-    return (acc.reduce(self.policy.on_device(local), reduction="mean").item() if acc.num_processes > 1 else local.item())
-
-@patch
-def _micro_batches(self: GRPOTrainer, rows):
-    "`rows` (a list, or n for 0..n-1) in micro-batches of `micro_batch_size`."
-    rows = list(range(rows)) if isinstance(rows, int) else list(rows)
-    mb = len(rows) if self.config.micro_batch_size is None else self.config.micro_batch_size
-    return [rows[i:i + mb] for i in range(0, len(rows), mb)]
-
-@patch
-def _update_rows(self: GRPOTrainer, n: int) -> list[list[int]]:
-    "The rows of each optimiser step of a pass: group j goes to step j mod k (on any number of processes, alike)."
-    G, k = self.config.group_size, self.config.updates_per_batch
-    return [[r for g in range(j, n // G, k) for r in range(g * G, (g + 1) * G)] for j in range(k)]
-
-# %% ../nbs/05_trainer.ipynb #6797dc03
-@dataclass
-class UpdateResult:
-    "What `update` did: its metrics, the advantages (the DiT's group's in decoupled mode) and seconds per half."
-    metrics: dict[str, float]
-    advantages: torch.Tensor       # [N]
-    dit_advantages: torch.Tensor   # [N] (joint mode: the same as advantages)
-    seconds: dict[str, float]      # prepare, update_ar, update_dit, optimizer
-
-    def __iter__(self): return iter((self.metrics, self.advantages, self.dit_advantages, self.seconds))   # m, adv, dit_adv, sec
-
-@patch
-def _halves(self: GRPOTrainer, s: Sample, adv, dit_adv) -> list[tuple]:
-    "(half, objective, its samples, their advantages) of each half this step trains."
-    c, objs = self.config, self.objectives
-    return [(half, objs[half], data, a) for half, on, data, a in (("ar", c.train_ar, s.rollout, adv),
-                                                                   ("dit", c.train_dit, s.trajectory, dit_adv))
-            if on and objs[half].learns_from(data)]
-
-@patch
-def update(self: GRPOTrainer, s: Sample, snapshot=None) -> UpdateResult:
-    "One GRPO update from a Sample: advantages, then each trained half's objective over `num_inner_epochs` passes of `updates_per_batch` optimiser steps."
-    # All or nothing: if a loss, a gradient or, after an optimiser step, a weight is not finite, weights, optimiser
-    # state and the objectives' state go back to `snapshot` (taken here if None)
-    c = self.config
-    adv, stats, _ = self._global_advantages(s.reward.total)
-    dit_adv = self._global_advantages(s.dit_reward.total)[0] if s.dit_reward is not None else adv
-    metrics = {"reward_mean": stats["reward_mean"], "reward_std": stats["reward_std"], "zero_std_fraction": stats["zero_std_fraction"]}
-    for k, v in s.reward.components.items(): metrics[f"reward/{k}"] = v.mean().item()
-    for k, v in s.reward.info.items(): metrics[f"info/{k}"] = v.mean().item()
-    if s.dit_reward is not None: metrics["dit_reward_mean"] = s.dit_reward.total.mean().item()
-    metrics["diversity"] = self._diversity(s.images)
-    if s.dit_images is not None: metrics["dit_diversity"] = self._diversity(s.dit_images)
-    halves, prepared = self._halves(s, adv, dit_adv), {}
-    sec, self.skip_reason = {"prepare": 0.0, "update_ar": 0.0, "update_dit": 0.0, "optimizer": 0.0}, None
-    for half, obj, data, _ in halves:   # once per step, without gradients: old log-probs, references, points
-        with _timed(sec, "prepare"): prepared[half], m = obj.prepare(data)
-        metrics.update({f"{half}/{k}": v for k, v in m.items()})
-    snap = self._snapshot() if snapshot is None else snapshot
-    n, total, steps_taken = len(s.prompts), {}, 0
-    for epoch in range(c.num_inner_epochs):
-        for half, obj, data, a in halves: obj.begin_epoch(data, a, prepared[half], epoch)
-        for j, step_rows in enumerate(self._update_rows(n)):   # updates_per_batch optimiser steps, whole groups each
-            self.optimizer.zero_grad(set_to_none=True)
-            fault, agg, steps_taken = None, {}, steps_taken + 1   # fault: the first non-finite loss or gradient, and where
-            for half, obj, data, a in halves:   # e.g. DGPO's group weights at this step's weights
-                obj.before_update(data, a, prepared[half], step_rows)
-            for rows in self._micro_batches(step_rows):
-                w = len(rows) / len(step_rows)
-                for half, obj, data, a in halves:
-                    mine = {k: v[rows] for k, v in prepared[half].items()}
-                    parts = obj.num_parts(prepared[half])   # one backward each, so one part's activations live at a time
-                    for part in range(parts):
-                        pw, rerun = w / parts, partial(obj.loss, data.select(rows), a[rows], mine, part)
-                        with _timed(sec, f"update_{half}"):
-                            loss, m = rerun()
-                            if torch.isfinite(loss): (loss * pw).backward()
-                            fault = fault or self._fault(half, obj, loss, rows, m.pop("nonfinite_logprobs", None), rerun)
-                        for k, v in [("loss", loss.item())] + list(m.items()):
-                            key = f"{half}/{k}"
-                            if k.endswith("_min"): agg[key] = min(agg.get(key, v), v)
-                            elif k.endswith("_max"): agg[key] = max(agg.get(key, v), v)
-                            else: agg[key] = agg.get(key, 0.0) + pw * v
-            norms = {}
-            for half, *_ in halves:
-                params = self.ar_params if half == "ar" else self.dit_params
-                self._reduce_grads(params)
-                norms[half] = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm).item()
-                agg[f"{half}/grad_norm"] = norms[half]
-            if epoch == 0 and j == 0:   # the first optimiser step is at the weights that sampled: its ratios are 1
-                metrics.update({k.replace("/ratio_", "/first_ratio_"): v for k, v in agg.items() if "/ratio_m" in k})
-            for k, v in agg.items():   # over the optimiser steps taken: extremes, and sums (means below)
-                if k.endswith("_min"): total[k] = min(total.get(k, v), v)
-                elif k.endswith("_max"): total[k] = max(total.get(k, v), v)
-                else: total[k] = total.get(k, 0.0) + v
-            if not self._everywhere(fault is None and all(math.isfinite(v) for v in norms.values())):
-                self.skip_reason = self._skip_account(fault, norms, epoch, j, metrics)   # what, where, and its numbers
-            else:
-                with _timed(sec, "optimizer"): self.optimizer.step()
-                if not self._weights_finite():
-                    self.skip_reason = (f"an adapter weight was not finite after the optimiser step (inner epoch {epoch}); "
-                                        "the learning rate is probably too high")
-                else:
-                    self.optimizer_steps += 1
-                    for half, obj, *_ in halves: metrics.update({f"{half}/{k}": v for k, v in obj.after_update(self.optimizer_steps).items()})
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.skip_reason is not None: break
-        if self.skip_reason is not None:
-            self._restore(snap)   # the whole step is undone, earlier optimiser steps included
-            break
-    metrics.update({k: v if k.endswith(("_min", "_max")) else v / max(steps_taken, 1) for k, v in total.items()})
-    if self.skip_reason is None:   # e.g. DiffusionNFT's old adapter follows (restored with the step if it fails)
-        for half, obj, *_ in halves: metrics.update({f"{half}/{k}": v for k, v in obj.after_step(self.optimizer_steps).items()})
-    metrics["skipped"] = float(self.skip_reason is not None)
-    self.policy.release_sources()   # the i2i sources' keys and values of weights that have changed
-    return UpdateResult(metrics, adv, dit_adv, sec)
 
 # %% ../nbs/05_trainer.ipynb #ea97db1b
 @patch
