@@ -13,14 +13,10 @@ from pathlib import Path
 import torch
 
 from .loss import clipped_surrogate, gaussian_kl
-from .matching import (awm_logprob, awm_points, clipped_advantages, dgpo_group_weights, dgpo_loss, dgpo_points,
-                                  dgpo_range, matching_error, point_values, timestep_range)
-from .nft import OldAdapter, nft_decay, nft_loss, nft_optimality, nft_points
-from .policy import mix_seed, to_host
+from .policy import to_host
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'Objective', 'FlowGRPO', 'GRPOGuard', 'ForwardProcessObjective', 'DiffusionNFT', 'MatchingObjective',
-           'AWM', 'DGPO', 'objective_class', 'make_objective']
+__all__ = ['FORWARD_PROCESS', 'Objective', 'FlowGRPO', 'GRPOGuard', 'objective_class', 'make_objective']
 
 # %% ../nbs/05c_objectives.ipynb #f640a30a
 class Objective(ABC):
@@ -211,275 +207,33 @@ class GRPOGuard(FlowGRPO):
         resident, update = super().plan_memory(sizes)
         return resident, {**update, "old step means (fp32)": sizes["window_steps"] * sizes["latents"]}
 
-# %% ../nbs/05c_objectives.ipynb #56ae9024
-class ForwardProcessObjective(Objective):
-    "What DiffusionNFT, AWM and DGPO share: ODE sampling, one backward part per noise level of the clean samples' forward"
-    " process, the KL on the velocity, and a copy of the DiT's adapter that snapshots put back and checkpoints keep."
-    defaults = {"guidance_scale": 1.0, "kl_type": "velocity", "updates_per_batch": 1, "dit_clip_range": 0.2}
-    copy_file = ""   # the adapter copy's file in a checkpoint
-
-    @classmethod
-    def check(cls, config):
-        if config.kl_type != "velocity":
-            raise ValueError(f"GRPOConfig: dit_objective={cls.name!r} has no SDE steps whose means a KL could compare; "
-                             "its KL is on the velocity: pass kl_type='velocity' (or leave it unset).")
-        if config.ode_solver != "euler":
-            raise ValueError(f"GRPOConfig: ode_solver={config.ode_solver!r} changes the ODE steps after flow_grpo's and "
-                             f"grpo_guard's stochastic window; dit_objective={cls.name!r} has no window: leave it 'euler'.")
-        if config.sde_window_schedule != "fixed":
-            raise ValueError(f"GRPOConfig: sde_window_schedule moves the stochastic steps of flow_grpo and grpo_guard; "
-                             f"dit_objective={cls.name!r} samples with the ODE and has none: leave it 'fixed'.")
-
-    @property
-    def adapter_copy(self) -> OldAdapter | None:
-        "The copy of the DiT's LoRA weights this objective keeps (None when the DiT does not train)."
-        return None
-
-    def sampling(self): return {"noise_level": 0.0}
-
-    def num_parts(self, prepared): return prepared["points"].num_timesteps
-
-    def velocity_kl(self, v, points, part, loss, m):
-        "`loss` + kl_coef * |v - v_ref|^2 at the `part`-th noise level, when reference velocities were prepared."
-        if points.ref_velocity is not None:
-            kl = ((v - self.policy.on_device(points.ref_velocity[:, part])) ** 2).mean()
-            loss, m["kl"] = loss + self.config.kl_coef * kl, kl.item()
-        return loss, m
-
-    def snapshot(self): return None if self.adapter_copy is None else [w.clone() for w in self.adapter_copy.weights]
-
-    def restore(self, snapshot):
-        if snapshot is None: return
-        with torch.no_grad():
-            for w, o in zip(self.adapter_copy.weights, snapshot): w.copy_(o)
-
-    def checkpoint_tensors(self):
-        return {} if self.adapter_copy is None else {self.copy_file: self.adapter_copy.state_dict()}
-
-    def load_checkpoint(self, read, checkpoint):
-        if self.adapter_copy is None: return
-        saved = read(self.copy_file)
-        if saved is None: self.adapter_copy.update(0.0)   # a checkpoint of a run without one: start from the adapters
-        else: self.adapter_copy.load_state_dict(saved, f"resume: {Path(checkpoint) / (self.copy_file + '.safetensors')}")
-
-# %% ../nbs/05c_objectives.ipynb #1a4d60f8
-class DiffusionNFT(ForwardProcessObjective):
-    "DiffusionNFT: the implicit positive/negative policies' loss on the forward process of the clean samples."
-    name = "nft"
-    copy_file = "old_dit"
-
-    @classmethod
-    def check(cls, config):
-        super().check(config)
-        if config.nft_timesteps is not None and config.nft_timesteps > config.num_inference_steps:
-            raise ValueError(f"GRPOConfig: nft_timesteps={config.nft_timesteps} is more than the schedule's num_inference_steps="
-                             f"{config.num_inference_steps} noise levels; pass at most {config.num_inference_steps}.")
-
-    def setup(self, trainer, named_params, trains):
-        super().setup(trainer, named_params, trains)
-        # the old policy: a copy of the DiT's LoRA weights that samples and anchors the implicit policies
-        self.old = OldAdapter(named_params) if trains else None
-
-    @property
-    def adapter_copy(self): return self.old
-
-    def sampling_adapter(self): return self.old.swapped() if self.old is not None else contextlib.nullcontext()
-
-    def prepare(self, traj):
-        c, N = self.config, traj.num_samples
-        pts = nft_points(traj, c.nft_timesteps, self.seeds(N, salt=3))
-        with torch.no_grad():
-            with self.old.swapped(): pts.old_velocity = point_values(self, traj, pts)
-            if c.kl_coef > 0:
-                with self.policy.reference(): pts.ref_velocity = point_values(self, traj, pts)
-        return {"points": pts}, {}
-
-    def loss(self, traj, advantages, prepared, part):
-        "The loss at each sample's `part`-th noise level (+ KL on the velocity to the reference)."
-        c, dev, points = self.config, self.policy.on_device, prepared["points"]
-        idx = points.sigma_index[:, part]
-        v, target = self.policy.noised_velocity(traj, idx, points.noise[:, part])
-        v_old = dev(points.old_velocity[:, part])
-        loss = nft_loss(v, v_old, target, dev(traj.sigmas[idx]), dev(nft_optimality(advantages, c.nft_adv_clip)),
-                        beta=c.nft_beta, adv_clip=c.nft_adv_clip).mean()
-        m = {"policy_loss": loss.item(), "old_deviate": ((v.detach() - v_old) ** 2).mean().item()}
-        return self.velocity_kl(v, points, part, loss, m)
-
-    def after_step(self, optimizer_steps):   # once per sampled batch, its decay from the optimiser steps (the authors')
-        c = self.config
-        decay = nft_decay(optimizer_steps, c.nft_decay_rate, c.nft_decay_max, c.nft_decay_warmup)
-        self.old.update(decay)
-        return {"old_decay": decay}
-
-    @classmethod
-    def plan_memory(cls, sizes):
-        resident = {"old DiT LoRA (NFT) + its snapshot": sizes["dit_lora_params"] * 8}   # fp32, and its snapshot copy
-        return resident, {"activations (one noise level, no guidance)": sizes["forward"] + sizes["recompute"],
-                          "old velocities (fp32)": sizes["num_inference_steps"] * sizes["latents"]}
-
-# %% ../nbs/05c_objectives.ipynb #a5333698
-class MatchingObjective(ForwardProcessObjective):
-    "What AWM and DGPO share: noise levels per step, and an EMA of the adapter."
-    copy_file = "ema_dit"
-    timesteps_setting = ""   # the GRPOConfig setting of the noise levels trained per step
-
-    default_timesteps = 6   # noise levels per step in the authors' recipes
-
-    @classmethod
-    def support(cls, config) -> list[int]:
-        "The schedule indices this objective trains at."
-        return timestep_range(config.num_inference_steps)
-
-    @classmethod
-    def num_timesteps(cls, config) -> int:
-        "Noise levels per step: the setting, else the recipe's or as many as the support has."
-        given = getattr(config, cls.timesteps_setting)
-        return min(cls.default_timesteps, len(cls.support(config))) if given is None else given
-
-    @classmethod
-    def check(cls, config):
-        super().check(config)
-        allowed, k = cls.support(config), cls.num_timesteps(config)
-        if k > len(allowed):
-            raise ValueError(f"GRPOConfig: {cls.timesteps_setting}={k}, but {cls.name} trains at the schedule's indices "
-                             f"{allowed[0]}..{allowed[-1]} ({len(allowed)} of them with num_inference_steps="
-                             f"{config.num_inference_steps}); pass at most {len(allowed)}, or more denoising steps.")
-
-    def wants_ema(self, config) -> bool: return False
-
-    def setup(self, trainer, named_params, trains):
-        super().setup(trainer, named_params, trains)
-        self.ema = OldAdapter(named_params) if trains and self.wants_ema(trainer.config) else None
-
-    @property
-    def adapter_copy(self): return self.ema
-
-    def follow(self, optimizer_steps) -> dict:
-        "The EMA takes a step towards the adapter: decay min(max, rate · optimiser steps), the authors' linear ramp."
-        if self.ema is None: return {}
-        decay = nft_decay(optimizer_steps, self.config.ema_decay_rate, self.config.ema_decay_max)
-        self.ema.update(decay)
-        return {"ema_decay": decay}
-
-    @classmethod
-    def plan_memory(cls, sizes):
-        return ({"EMA DiT LoRA + its snapshot": sizes["dit_lora_params"] * 8},
-                {"activations (one noise level, no guidance)": sizes["forward"] + sizes["recompute"],
-                 "reference velocities (fp32, with a KL or EMA)": sizes["num_inference_steps"] * sizes["latents"]})
-
-class AWM(MatchingObjective):
-    "Advantage Weighted Matching: PPO's clipped surrogate on log p = -w(flow-matching error), against the step's start."
-    name = "awm"
-    timesteps_setting = "awm_timesteps"
-    defaults = {**MatchingObjective.defaults, "dit_clip_range": 1.0}
-
-    def wants_ema(self, config): return config.awm_ema_coef > 0
-
-    def after_step(self, optimizer_steps): return self.follow(optimizer_steps)   # once per sampled batch, as the authors
-
-    def prepare(self, traj):
-        c, N = self.config, traj.num_samples
-        pts = awm_points(traj, self.num_timesteps(c), self.seeds(N, salt=5))
-        out = {"points": pts}
-        with torch.no_grad():   # under the adapters that sampled, for every sample before the first update
-            out["old_logprob"] = awm_logprob(point_values(self, traj, pts, error=True), traj.sigmas[pts.sigma_index],
-                                             c.awm_weighting, c.awm_ghuber_power)
-            if c.kl_coef > 0:
-                with self.policy.reference(): pts.ref_velocity = point_values(self, traj, pts)
-            if self.ema is not None:
-                with self.ema.swapped(): out["ema_velocity"] = point_values(self, traj, pts)
-        return out, {}
-
-    def loss(self, traj, advantages, prepared, part):
-        c, dev, pts = self.config, self.policy.on_device, prepared["points"]
-        idx = pts.sigma_index[:, part]
-        v, u = self.policy.noised_velocity(traj, idx, pts.noise[:, part])
-        error = matching_error(v, u)
-        logprob = awm_logprob(error, dev(traj.sigmas[idx]), c.awm_weighting, c.awm_ghuber_power)
-        loss, m = clipped_surrogate(logprob[:, None], dev(prepared["old_logprob"][:, part:part + 1]),
-                                    dev(clipped_advantages(advantages, c.matching_adv_clip, scale=True)),
-                                    clip_range=c.dit_clip_range)
-        loss, m["matching_error"] = loss.float(), error.mean().item()
-        if "ema_velocity" in prepared:
-            drift = ((v - dev(prepared["ema_velocity"][:, part])) ** 2).mean()
-            loss, m["ema_deviate"] = loss + c.awm_ema_coef * drift, drift.item()
-        return self.velocity_kl(v, pts, part, loss, m)
-
-class DGPO(MatchingObjective):
-    "Direct Group Preference Optimization: each sample's matching error weighted by its advantage and its group's score."
-    name = "dgpo"
-    timesteps_setting = "dgpo_timesteps"
-    default_timesteps = 4
-    # the authors sample with guidance and train without; one optimiser step per sampled batch; trust region 1e-2
-    defaults = {**MatchingObjective.defaults, "guidance_scale": 1.5, "dit_clip_range": 1e-2}
-
-    @classmethod
-    def support(cls, config): return dgpo_range(config.num_inference_steps, config.dgpo_trunc_steps)
-
-    def wants_ema(self, config): return True   # the trust region is against the fast EMA (and, if chosen, the reference)
-
-    def sampling_adapter(self):   # after the switch step the DiT samples under its EMA, as the authors do
-        c = self.config
-        if self.ema is not None and c.dgpo_switch_ema_step is not None and self.trainer.optimizer_steps > c.dgpo_switch_ema_step:
-            return self.ema.swapped()
-        return contextlib.nullcontext()
-
-    def prepare(self, traj):
-        c, N, G = self.config, traj.num_samples, traj.rollout.group_size
-        seeds = self.seeds(N, salt=6)   # global: a group's first seed is the same on any number of processes
-        pts = dgpo_points(traj, self.num_timesteps(c), mix_seed(c.seed, self.trainer.step_count, 6), seeds[::G],
-                          c.dgpo_trunc_steps)
-        out = {"points": pts, "error": torch.zeros(N, pts.num_timesteps, dtype=torch.float64)}
-        out["ema_error"], out["group_weight"] = torch.zeros_like(out["error"]), torch.zeros_like(out["error"])
-        with torch.no_grad():
-            if c.dgpo_reference == "base":
-                with self.policy.reference(): out["ref_error"] = point_values(self, traj, pts, error=True)
-            if c.kl_coef > 0:
-                with self.policy.reference(): pts.ref_velocity = point_values(self, traj, pts)
-        return out, {}
-
-    def before_update(self, traj, advantages, prepared, rows):
-        "For this optimiser step's groups: their errors now and under the EMA (the trust region's), and their weights."
-        c, G, pts = self.config, traj.rollout.group_size, prepared["points"]
-        sub, part = traj.select(rows), pts[rows]
-        with torch.no_grad():
-            error = point_values(self, sub, part, error=True)
-            with self.ema.swapped(): ema_error = point_values(self, sub, part, error=True)
-        prepared["error"][rows], prepared["ema_error"][rows] = error, ema_error
-        ref = ema_error if c.dgpo_reference == "ema" else prepared["ref_error"][rows]
-        a = clipped_advantages(advantages[rows].cpu(), c.matching_adv_clip)
-        prepared["group_weight"][rows] = torch.stack([dgpo_group_weights(a, error[:, k], ref[:, k], G, c.dgpo_beta)
-                                                      for k in range(pts.num_timesteps)], 1)
-
-    def loss(self, traj, advantages, prepared, part):
-        c, dev, pts = self.config, self.policy.on_device, prepared["points"]
-        v, u = self.policy.noised_velocity(traj, pts.sigma_index[:, part], pts.noise[:, part])
-        error = matching_error(v, u)
-        weight = dev(prepared["group_weight"][:, part])
-        per, frozen = dgpo_loss(error, dev(prepared["ema_error"][:, part]),
-                                dev(clipped_advantages(advantages, c.matching_adv_clip)), weight, c.dit_clip_range)
-        m = {"group_weight": weight.mean().item(), "group_weight_min": weight.min().item(), "group_weight_max": weight.max().item(),
-             "frozen_fraction": frozen.double().mean().item(), "matching_error": error.mean().item()}
-        return self.velocity_kl(v, pts, part, per.mean().float(), m)
-
-    def after_update(self, optimizer_steps): return self.follow(optimizer_steps)   # after every optimiser step, as the authors
-
 # %% ../nbs/05c_objectives.ipynb #0da96be0
-OBJECTIVES: dict[str, type[Objective]] = {o.name: o for o in (FlowGRPO, GRPOGuard, DiffusionNFT, AWM, DGPO)}   # the DiT's, by name
+FORWARD_PROCESS = ("ForwardProcessObjective", "DiffusionNFT", "MatchingObjective", "AWM", "DGPO")   # in forward_process
+
+def _dit_objectives() -> dict[str, type[Objective]]:
+    "The DiT's objectives by name: Flow-GRPO's family here, the forward-process ones from `forward_process`."
+    # imported when first asked, not at the top: forward_process builds on this module's `Objective`
+    from glm_grpo_nb.forward_process import AWM, DGPO, DiffusionNFT
+    return {o.name: o for o in (FlowGRPO, GRPOGuard, DiffusionNFT, AWM, DGPO)}
 
 def objective_class(objective, where: str = "GRPOConfig") -> type[Objective]:
     "The class of `objective`: a name in OBJECTIVES, or an Objective object."
     if isinstance(objective, Objective): return type(objective)
-    if isinstance(objective, str) and objective in OBJECTIVES: return OBJECTIVES[objective]
-    raise ValueError(f"{where}: dit_objective must be one of {', '.join(map(repr, OBJECTIVES))} or an Objective object "
+    known = _dit_objectives()
+    if isinstance(objective, str) and objective in known: return known[objective]
+    raise ValueError(f"{where}: dit_objective must be one of {', '.join(map(repr, known))} or an Objective object "
                      f"(see glm_grpo_nb.objectives), got {objective!r}.")
 
 def make_objective(objective) -> Objective:
     "A new objective for a name, or the object itself."
     return objective if isinstance(objective, Objective) else objective_class(objective)()
 
-def __getattr__(name):   # the AR's objective lives in token_grpo (it builds on Objective); importable from here too
-    if name == "TokenGRPO":
+def __getattr__(name):   # what builds on Objective lives in modules of its own; importable from here too
+    if name == "OBJECTIVES": return _dit_objectives()   # the DiT's, by name
+    if name == "TokenGRPO":   # the AR's objective, in token_grpo
         from glm_grpo_nb.token_grpo import TokenGRPO
         return TokenGRPO
+    if name in FORWARD_PROCESS:
+        import glm_grpo_nb.forward_process as forward_process
+        return getattr(forward_process, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
