@@ -1,6 +1,6 @@
 __version__ = "0.1.0"
 
-# `GlmImagePolicy` is defined in `policy`; its AR and DiT methods are added by the stage modules `tokens`, `flow`, `nft`,
+# `GlmImagePolicy` is defined in `policy`; its AR and DiT methods are added by the stage modules `sampling_copy`, `tokens`, `flow`, `nft`,
 # which import `policy` (never the reverse). So that a policy always has all its methods, whichever module is imported
 # first, the stage modules are imported right after `policy` finishes loading. The package itself stays light: the
 # command line starts without torch.
@@ -8,7 +8,7 @@ import importlib as _importlib
 import sys as _sys
 from importlib.abc import Loader as _Loader, MetaPathFinder as _MetaPathFinder
 
-_STAGES = ("tokens", "flow", "nft")
+_STAGES = ("sampling_copy", "tokens", "flow", "nft")
 
 class _ThenStages(_Loader):
     "Wraps the loader of `glm_grpo_nb.policy`: execute it, then import the stage modules."

@@ -7,10 +7,8 @@ policy, and saves and loads them; the AR half (`tokens`) and the DiT half (`flow
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import json
-import types
 import warnings
 from pathlib import Path
 
@@ -20,16 +18,15 @@ import bitsandbytes as bnb
 import torch
 from fastcore.basics import patch
 from peft import LoraConfig, PeftModel, get_peft_model
-from peft.tuners.lora import LoraLayer
 from peft.tuners.tuners_utils import cast_adapter_dtype
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GlmImageForConditionalGeneration, GlmImageProcessor,
-                          StaticCache, T5EncoderModel)
+                          T5EncoderModel)
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel
 
 # %% auto #0
 __all__ = ['to_host', 'train_mode', 'quantize_4bit', 'quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds',
-           'generators', 'randn_rows', 'dense_weight', 'merged_weight', 'LowRankLinear', 'apply_adapters']
+           'generators', 'randn_rows', 'apply_adapters']
 
 # %% ../nbs/02_policy.ipynb #d8758c82
 def _lora_config(spec, targets, what):
@@ -283,140 +280,6 @@ def reference(self: GlmImagePolicy):
             self.transformer.disable_adapters()
             stack.callback(self.transformer.enable_adapters)
         yield self
-
-# %% ../nbs/02_policy.ipynb #60b6eb97
-def dense_weight(layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
-    "A Linear's base weight (under any LoRA) as a dense `dtype` tensor: NF4 dequantised, or the weight itself."
-    base = layer.get_base_layer() if isinstance(layer, LoraLayer) else layer
-    w = base.weight
-    dense = bnb.functional.dequantize_4bit(w.data, w.quant_state) if isinstance(base, bnb.nn.Linear4bit) else w.detach()
-    return dense.to(dtype)
-
-def merged_weight(layer: torch.nn.Module) -> torch.Tensor:
-    "A Linear's effective weight as a dense float32 tensor: NF4 dequantised, the active LoRA deltas added."
-    dense = dense_weight(layer, torch.float32).clone()   # a copy even when already float32: the deltas are added in place
-    for A, B in _lora_factors(layer): dense += B.float() @ A.float()
-    return dense
-
-def _lora_factors(layer: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    "(A, B·scaling) of each active LoRA adapter of `layer` (none when adapters are off or it has none)."
-    if not isinstance(layer, LoraLayer) or layer.disable_adapters: return []
-    return [(layer.lora_A[n].weight, layer.lora_B[n].weight * layer.scaling[n])
-            for n in layer.active_adapters if n in layer.lora_A]
-
-class LowRankLinear(torch.nn.Module):
-    "A Linear of the sampling copy: a dense base weight in the compute dtype, the adapters' low-rank product kept apart."
-    # Merged into a bf16 weight, a LoRA delta below half a bf16 step rounds away (early in training: all of it), and
-    # the sampler would draw from the base policy. Kept apart, the product is added as peft adds it: computed in the
-    # adapters' dtype, added to the base output, the sum cast back once.
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lora_A: torch.Tensor, lora_B: torch.Tensor):
-        super().__init__()
-        self.register_buffer("weight", weight)
-        self.register_buffer("bias", bias)
-        self.register_buffer("lora_A", lora_A)   # [r, in]; r = 0: no adapter on this layer
-        self.register_buffer("lora_B", lora_B)   # [out, r], the scaling folded in
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.nn.functional.linear(x, self.weight, self.bias)
-        if not self.lora_A.shape[0]: return y
-        low = torch.nn.functional.linear(torch.nn.functional.linear(x.to(self.lora_A.dtype), self.lora_A), self.lora_B)
-        return (y + low).to(y.dtype)
-
-    @classmethod
-    def of(cls, layer: torch.nn.Module, dtype: torch.dtype) -> "LowRankLinear":
-        "The copy of `layer` (a Linear, NF4 or not, with or without LoRA): its base weight in `dtype`, its adapters."
-        if isinstance(layer, LoraLayer) and (layer.lora_variant or not isinstance(layer.get_base_layer(), torch.nn.Linear)):
-            raise ValueError(f"sampling_copy: {type(layer).__name__} has an adapter the copy cannot hold apart (DoRA or "
-                             "another LoRA variant); load the policy with sampling_copy=False.")
-        base = layer.get_base_layer() if isinstance(layer, LoraLayer) else layer
-        # frozen base tensors already in `dtype` are shared with the policy, not copied (without 4-bit: no second copy)
-        bias = None if base.bias is None else base.bias.detach().to(dtype)
-        w = dense_weight(layer, dtype)
-        out = cls(w, bias, w.new_zeros((0, w.shape[1])), w.new_zeros((w.shape[0], 0)))   # no adapter yet: rank 0
-        out.refresh(layer)   # the adapters' factors, in their own dtype
-        return out
-
-    @torch.no_grad()
-    def refresh(self, layer: torch.nn.Module) -> None:
-        "Take `layer`'s active adapters now (zero inside `reference()`), in place while their rank stays."
-        factors = _lora_factors(layer)
-        if not factors:   # the base alone: the product is zero, with the shapes kept (no new graph)
-            self.lora_B.zero_()
-            return
-        A, B = torch.cat([a for a, _ in factors]), torch.cat([b for _, b in factors], dim=1)
-        if A.shape == self.lora_A.shape and A.dtype == self.lora_A.dtype: self.lora_A.copy_(A); self.lora_B.copy_(B)
-        else: self.lora_A, self.lora_B = A.detach().clone(), B.detach().clone()   # another rank: new tensors
-
-@patch
-def _build_sampling_lm(self: GlmImagePolicy, dtype: torch.dtype) -> torch.nn.Module:
-    "A plain copy of the AR's language model in `dtype`, built layer by layer (one dequantised weight at a time)."
-    src = self.ar.model.language_model
-    with torch.device("meta"): lm = type(src)._from_config(src.config, dtype=dtype)
-    with torch.no_grad():
-        for name, mod in list(lm.named_modules()):
-            theirs = src.get_submodule(name)
-            if isinstance(mod, torch.nn.Linear):
-                parent, _, leaf = name.rpartition(".")
-                setattr(lm.get_submodule(parent), leaf, LowRankLinear.of(theirs, dtype))
-                continue
-            for k, p in list(mod.named_parameters(recurse=False)):   # norms, embeddings: frozen, taken once
-                mod._parameters[k] = torch.nn.Parameter(theirs.get_parameter(k).detach().to(dtype), requires_grad=False)
-            for k, b in list(mod.named_buffers(recurse=False)):      # rotary tables keep the dtype they are built in
-                mod._buffers[k] = theirs.get_buffer(k).detach().to(b.dtype)
-    return lm.eval()
-
-@patch
-def _refresh_sampling_copy(self: GlmImagePolicy) -> None:
-    "Give the copy the adapters as they are now: only the low-rank factors change (the base weights are frozen)."
-    for name, mod in self._sampler.named_modules():   # the copy mirrors the AR's module names
-        if isinstance(mod, LowRankLinear): mod.refresh(self.ar.get_submodule(name))
-
-def _decode_step_inputs(model, input_ids, **kwargs):
-    "The copy's `prepare_inputs_for_generation`: decode steps get their M-RoPE positions here, outside the compiled forward."
-    inputs = type(model).prepare_inputs_for_generation(model, input_ids, **kwargs)
-    new = inputs.get("input_ids")
-    table = getattr(model.model, "_cached_decode_position_ids", None)   # [n, 3, decode length], set by the prefill
-    if new is not None and new.shape[1] == 1 and table is not None:      # a decode step (prompts are longer)
-        step = input_ids.shape[1] - 1 - model.model._prefill_len         # tokens decoded before this one: an int, no sync
-        inputs["position_ids"] = table[:, :, step:step + 1].permute(1, 0, 2).contiguous()
-    return inputs
-
-@patch
-def sampling_cache(self: GlmImagePolicy, batch_size: int, length: int) -> StaticCache:
-    "The sampling copy's KV cache for `batch_size` sequences of up to `length` tokens: one per batch size, reset in place."
-    # a longer cache serves shorter sequences too; at most `max_sampling_caches` batch sizes are kept (the least recently
-    # used goes first), so evaluation, an uneven last chunk or a halved batch do not reallocate the training batch's cache
-    key = (batch_size, str(self.device))
-    kv = self._kv.pop(key, None)
-    if kv is not None and kv[1] >= length: kv[0].reset()   # zeroed in place: same tensors, same CUDA graphs
-    else:
-        kv = None   # the old cache's memory is free before the new one is allocated
-        while self._kv and len(self._kv) >= self.max_sampling_caches: self._kv.pop(next(iter(self._kv)))
-        kv = (StaticCache(config=self.ar.config.get_text_config(decoder=True), max_cache_len=length), length)
-    self._kv[key] = kv   # the most recently used last
-    return kv[0]
-
-@patch
-def clear_sampling_caches(self: GlmImagePolicy) -> None:
-    "Free the sampling copy's KV caches and the i2i sources' (after an out-of-memory error, say); the next call allocates what it needs."
-    self._kv.clear()
-    self.__dict__.pop("_sources", None)   # flow's `_source_kv`
-
-@patch
-def sampling_model(self: GlmImagePolicy) -> GlmImageForConditionalGeneration:
-    "The model `sample_tokens` decodes with: the AR itself, or (sampling_copy) the AR around the copy, refreshed."
-    if not self.sampling_copy: return self.ar
-    if self._sampler is None:
-        dtype = self.dit_dtype   # the compute dtype (the AR's own under 4-bit too; in float32 on CPU)
-        plain = self._build_sampling_lm(dtype)
-        outer, inner = copy.copy(self.ar), copy.copy(self.ar.model)   # share every other submodule
-        inner._modules = {**self.ar.model._modules, "language_model": plain}
-        outer._modules = {**self.ar._modules, "model": inner, "lm_head": LowRankLinear.of(self.ar.lm_head, dtype)}
-        outer.hf_quantizer = None   # the copy holds no 4-bit layer: transformers may compile its decode step
-        outer.prepare_inputs_for_generation = types.MethodType(_decode_step_inputs, outer)
-        object.__setattr__(self, "_sampler", outer)   # not a registered submodule: not in parameters() or state_dict()
-    self._refresh_sampling_copy()
-    return self._sampler
 
 # %% ../nbs/02_policy.ipynb #6bce8dec
 def _write_plain_lora(model: torch.nn.Module, f: Path, prefix: str = "transformer."):

@@ -54,7 +54,8 @@ def test_4bit_sampling_copy_is_bf16_and_compiled(tiny_path):
     """Under 4-bit in bf16 (the CLI's path): the copy is bf16 with its own bf16 head, carries no quantizer, and transformers
     compiles its decode step into one graph; small adapter changes reach it (the sampler gap stays at bf16 noise)."""
     from torch._dynamo.utils import counters
-    from glm_grpo_nb.policy import GlmImagePolicy, LowRankLinear
+    from glm_grpo_nb.policy import GlmImagePolicy
+    from glm_grpo_nb.sampling_copy import LowRankLinear
     torch._dynamo.reset(); counters.clear()
     policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8, verbose=False)
     copy = policy.sampling_model()
