@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from glm_grpo_nb.evaluation import PipelineModel, PolicyModel
+from glm_grpo_nb.image_models import PipelineModel, PolicyModel
 from glm_grpo_nb.tiny import make_tiny_glm_image
 
 PROMPTS = [f"a {c} sign that says '{w}'" for c in ("red", "blue", "green", "yellow") for w in ("OPEN", "SALE", "HI", "GO")]

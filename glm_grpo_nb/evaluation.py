@@ -21,11 +21,11 @@ from PIL import Image
 from .benchmarks import BENCHMARKS, benchmark_figures, benchmark_metrics, benchmark_parts, cvtg_target_words, cvtg_word_scores, read_benchmark
 from .data import COLUMNS, PromptDataset
 from .hub import atomic_write
+from .image_models import PipelineModel, PolicyModel, _free_memory
 from .ocr import edit_distance, prompt_texts
 
 # %% auto #0
-__all__ = ['SAMPLERS', 'text_metrics', 'bootstrap_interval', 'PipelineModel', 'PolicyModel', 'format_benchmark', 'evaluate_model',
-           'format_metrics']
+__all__ = ['SAMPLERS', 'text_metrics', 'bootstrap_interval', 'format_benchmark', 'evaluate_model', 'format_metrics']
 
 # %% ../nbs/09_evaluation.ipynb #8482415e
 def _words(text: str) -> list[str]:
@@ -57,102 +57,6 @@ def bootstrap_interval(groups: list[list[float]], level: float = 0.95, resamples
     means = sums[pick].sum(1) / counts[pick].sum(1)
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
-
-# %% ../nbs/09_evaluation.ipynb #35ade060
-def _own_size(model, height, width) -> tuple[int, int]:
-    "(height, width), the model's own where not given (the pipeline's default size is not the model's)."
-    if height is not None and width is not None: return height, width
-    from glm_grpo_nb.hub import model_size
-    w0, h0 = model_size(model)
-    return h0 if height is None else height, w0 if width is None else width
-
-def _free_memory():
-    "Collect what a dropped model held (and CUDA's cached blocks): the next model's needs the memory."
-    import gc, torch
-    gc.collect()
-    if torch.cuda.is_available(): torch.cuda.empty_cache()
-
-class PipelineModel:
-    "GLM-Image's stock pipeline, optionally with trained adapters: one image per (prompt, seed)."
-    def __init__(self, model: str | Path, adapters: str | Path | None = None, height: int | None = None,
-                 width: int | None = None, num_inference_steps: int = 20, guidance_scale: float = 1.5,
-                 device: str | None = None, torch_dtype=None):
-        self.model, self.adapters, self.pipe = model, adapters, None
-        height, width = _own_size(model, height, width)
-        self.kw = dict(height=height, width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale)
-        self.device, self.torch_dtype = device, torch_dtype
-
-    def _load(self):
-        import torch
-        from diffusers import GlmImagePipeline
-        from glm_grpo_nb.hub import quiet_io
-        from glm_grpo_nb.policy import apply_adapters
-        self.device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = self.torch_dtype or (torch.bfloat16 if torch.device(self.device).type == "cuda" else torch.float32)
-        with quiet_io(): pipe = GlmImagePipeline.from_pretrained(self.model, dtype=dtype)
-        if self.adapters is not None: apply_adapters(pipe, self.adapters)
-        pipe.set_progress_bar_config(disable=True)
-        self.pipe = pipe.to(self.device)
-
-    def __call__(self, prompt: str, seed: int, sources: list[Image.Image] | None = None) -> Image.Image:
-        import torch
-        if self.pipe is None: self._load()
-        g = torch.Generator(self.device).manual_seed(seed)
-        return self.pipe(prompt, image=sources, generator=g, **self.kw).images[0]
-
-    def close(self):
-        "Free the pipeline (the next model's needs the memory)."
-        self.pipe = None
-        _free_memory()
-
-class PolicyModel:
-    "GLM-Image sampled as training samples it, with trained adapters (unmerged) when given: many images per call."
-    # The AR's tokens come from the policy's batched sampler (its sampling copy on CUDA: a static KV cache and a compiled
-    # decode step), at the model's own generation settings (as the stock pipeline draws them), then the DiT's ODE with
-    # guidance and the VAE, `batch_size` images at a time. Every image draws from its own seed, so the images do not
-    # depend on the batch they are made in; they are not the stock pipeline's images for the same seed (another RNG).
-    def __init__(self, model: str | Path, adapters: str | Path | None = None, height: int | None = None,
-                 width: int | None = None, num_inference_steps: int = 20, guidance_scale: float = 1.5,
-                 device: str | None = None, torch_dtype=None, batch_size: int = 8, load_in_4bit: bool = False,
-                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None):
-        if not isinstance(batch_size, int) or batch_size < 1: raise ValueError(f"PolicyModel: batch_size must be an int >= 1, got {batch_size!r}.")
-        height, width = _own_size(model, height, width)
-        self.model, self.adapters, self.policy, self.batch_size = model, adapters, None, batch_size
-        self.height, self.width, self.num_inference_steps, self.guidance_scale = height, width, num_inference_steps, guidance_scale
-        self.device, self.torch_dtype, self.load_in_4bit, self.sampling = device, torch_dtype, load_in_4bit, (temperature, top_k, top_p)
-
-    def _load(self):
-        from glm_grpo_nb.policy import GlmImagePolicy, apply_adapters
-        pol = GlmImagePolicy.from_pretrained(self.model, load_in_4bit=self.load_in_4bit, torch_dtype=self.torch_dtype,
-                                             device=self.device, gradient_checkpointing=False, verbose=False)
-        if self.adapters is not None: apply_adapters(pol.pipeline, self.adapters)   # into the policy's own modules
-        gc = pol.ar.generation_config   # what the stock pipeline's generate() samples with
-        t, k, p = self.sampling
-        self.sampling = (gc.temperature or 1.0 if t is None else t, gc.top_k or 0 if k is None else k, gc.top_p or 1.0 if p is None else p)
-        self.policy = pol.eval()
-
-    def batch(self, prompts: list[str], seeds: list[int], sources: list[list[Image.Image]] | None = None) -> list[Image.Image]:
-        "One image per prompt, image i from seeds[i] (its tokens, initial noise): the same alone or in any batch."
-        import glm_grpo_nb.flow, torch   # noqa: F401  (the DiT half of the policy)
-        from glm_grpo_nb.policy import mix_seed
-        if self.policy is None: self._load()
-        pol, (t, k, p) = self.policy, self.sampling
-        with torch.no_grad():
-            roll = pol.sample_tokens(list(prompts), 1, self.height, self.width, images=sources, temperature=t, top_k=k,
-                                     top_p=p, seed=[mix_seed(s, 0) for s in seeds])
-            traj = pol.sample_latents(roll, num_steps=self.num_inference_steps, noise_level=0.0,
-                                      guidance_scale=self.guidance_scale, seed=[mix_seed(s, 1) for s in seeds])
-            images = pol.decode(traj, micro_batch_size=len(prompts))
-        pol.release_sources()
-        return images
-
-    def __call__(self, prompt: str, seed: int, sources: list[Image.Image] | None = None) -> Image.Image:
-        return self.batch([prompt], [seed], None if sources is None else [sources])[0]
-
-    def close(self):
-        "Free the policy (the next model's needs the memory)."
-        self.policy = None
-        _free_memory()
 
 # %% ../nbs/09_evaluation.ipynb #55fcbe0d
 _GENERATION = ("models", "prompts", "samples_per_prompt", "seed", "height", "width", "num_inference_steps", "guidance_scale",
