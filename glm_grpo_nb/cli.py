@@ -5,7 +5,6 @@
 # %% ../nbs/08_cli.ipynb #395e77a2
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import inspect
 import json
@@ -14,18 +13,15 @@ import re
 import sys
 from pathlib import Path
 
-import typing
-
-from fastcore.docments import docments
-
 from . import __version__
-from .config import RENAMED, GRPOConfig
+from .config import GRPOConfig
+from .options import TRAIN_DEFAULTS, command_parser, config_options, _option_style  # noqa: F401 (importable here too)
 from .demo import DEMO_PROMPTS, demo  # noqa: F401 (a command, and its prompts)
 from .hub import check_folder, check_hub_model, check_image_size, mark_folder, model_size, resolve_model
 
 # %% auto #0
-__all__ = ['REWARD_NAMES', 'TRAIN_DEFAULTS', 'ALLOCATOR', 'COMMANDS', 'tiny', 'generate', 'config_options', 'process_device',
-           'train', 'serve_reward', 'plan', 'evaluate', 'push', 'command_parser', 'main']
+__all__ = ['REWARD_NAMES', 'ALLOCATOR', 'COMMANDS', 'tiny', 'generate', 'process_device', 'train', 'serve_reward', 'plan',
+           'evaluate', 'push', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def tiny(
@@ -108,27 +104,6 @@ def _dataset_rows(prompts, targets, sources):
         if sources: row["source"] = [str(x) for x in s[i]] if i in s else f"<missing {sources}/{i}.*>"
         rows.append(row)
     return rows
-
-TRAIN_DEFAULTS = {"save_every": 50}   # where `glm-grpo train` departs from GRPOConfig's defaults
-
-def _add_option(parser: argparse.ArgumentParser, name: str, kind, help: str, choices=None, list_metavar: str = "N"):
-    "--name for a value of type `kind`: --x/--no-x for a switch, several values for a list; absent stays absent."
-    if type(None) in typing.get_args(kind): kind = next(a for a in typing.get_args(kind) if a is not type(None))  # X | None
-    kw = dict(dest=name, default=argparse.SUPPRESS, help=help)   # so the function's or the config's default applies
-    if kind is bool: kw["action"] = argparse.BooleanOptionalAction
-    elif typing.get_origin(kind) is list: kw.update(nargs="+", type=typing.get_args(kind)[0], metavar=list_metavar)
-    else: kw.update(type=kind, metavar=kind.__name__.upper())
-    if choices: kw.update(choices=choices, metavar=None)
-    parser.add_argument("--" + name.replace("_", "-"), **kw)
-
-def config_options(parser: argparse.ArgumentParser, defaults: dict = TRAIN_DEFAULTS) -> argparse.ArgumentParser:
-    "Add one option per GRPOConfig field: its help and choices, --x/--no-x for switches, a list of steps for sde_window."
-    hints = typing.get_type_hints(GRPOConfig)
-    for f in dataclasses.fields(GRPOConfig):
-        default = defaults.get(f.name, f.default)
-        shown = "" if default is None else f" (default: {default})"   # None's meaning is in the help itself
-        _add_option(parser, f.name, hints[f.name], f.metadata["help"] + shown, f.metadata["choices"], list_metavar="STEP")
-    return parser
 
 def process_device(device: str | None, accelerator) -> "torch.device":
     "This process's device: `--device` where it names one, else the accelerator's (under accelerate launch, cuda:<rank>)."
@@ -413,41 +388,6 @@ def _usage():
     lines += ["", "glm-grpo COMMAND --help shows each command's options."]
     return "\n".join(lines)
 
-def _list_metavar(name: str, kind) -> str:
-    "What one value of a list option is called in help: N for numbers, else the option's name (--adapters ADAPTER ...)."
-    if type(None) in typing.get_args(kind): kind = next(a for a in typing.get_args(kind) if a is not type(None))  # X | None
-    item = (typing.get_args(kind) or (None,))[0]
-    return "N" if item in (int, float) else name.upper().removesuffix("S")
-
-def command_parser(func, prog: str, more_help: dict | None = None) -> argparse.ArgumentParser:
-    "An argparse parser from a function's signature and argument comments (+ `more_help`); switches as --x/--no-x."
-    docs, hints = docments(func), typing.get_type_hints(func)
-    parser = argparse.ArgumentParser(prog=prog, description=inspect.getdoc(func))
-    for name, p in inspect.signature(func).parameters.items():
-        if p.kind is p.VAR_KEYWORD: continue
-        kind = hints.get(name, str)
-        shown = "" if p.default in (None, "", p.empty) else f" (default: {' '.join(map(str, p.default)) if isinstance(p.default, list) else p.default})"
-        help_ = (docs.get(name) or "") + (more_help or {}).get(name, "") + shown
-        if p.default is p.empty: parser.add_argument(name, type=kind, help=help_)
-        else: _add_option(parser, name, kind, help_, list_metavar=_list_metavar(name, kind))
-    return parser
-
-def _option_style(parser, argv):
-    "Accept `--num-images` and `--num_images` alike, and a renamed option's old name (`--num-steps`, with a note)."
-    known = {o for a in parser._actions for o in a.option_strings}
-    renamed = {"--" + old.replace("_", "-"): "--" + new.replace("_", "-") for old, new in RENAMED.items()}
-    def fix(arg):
-        name, eq, value = arg.partition("=")
-        if not name.startswith("--") or name in known: return arg
-        new = renamed.get(name.replace("_", "-"))
-        if new in known:
-            print(f"glm-grpo: {name} is now called {new}; the old name still works but will go.", file=sys.stderr)
-            return new + eq + value
-        for alt in (name.replace("_", "-"), "--" + name[2:].replace("-", "_")):
-            if alt in known: return alt + eq + value
-        return arg
-    return [fix(a) for a in argv]
-
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `glm-grpo` console script."
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -464,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = command_parser(func, prog=f"glm-grpo {name}", more_help=more)
     params = inspect.signature(func).parameters
     takes_settings = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    if takes_settings: config_options(parser)
+    if takes_settings: config_options(parser, TRAIN_DEFAULTS)
     args = vars(parser.parse_args(_option_style(parser, rest)))
     fields = {f.name for f in dataclasses.fields(GRPOConfig)} if takes_settings else set()
     try: return func(**{k: v for k, v in args.items() if k in params or k in fields}) or 0
