@@ -1,7 +1,9 @@
 """Run notebooks' code cells in order, each notebook in one namespace from its own folder, as nbdev's test runner
 does with `--flags gpu`: the `#| gpu` cells run, the `notest` and `slow` ones and `#| eval: false` do not. For a machine
 with CUDA that has the package's dependencies but not nbdev (a bare GPU machine); where nbdev is installed,
-`nbdev-test --flags gpu --path NOTEBOOK` is the same check.
+`GLM_GRPO_DEVICE=cpu nbdev-test --flags gpu NOTEBOOK` is the same check. The device used where none is given
+is pinned to the CPU ($GLM_GRPO_DEVICE, unless set otherwise): the notebooks' checks are the CPU's, float32 and exact,
+and their `#| gpu` cells name CUDA themselves.
 
 Run from the repository root:
 python -m bench.notebook_cells nbs/01_tiny.ipynb [nbs/02a_tokens.ipynb ...]
@@ -53,6 +55,7 @@ def run_notebook(path: Path) -> int:
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("GLM_GRPO_DEVICE", "cpu")
     paths = [Path(p).resolve() for p in sys.argv[1:]]
     missing = [str(p) for p in paths if not p.is_file()]
     if not paths or missing: sys.exit(f"bench.notebook_cells: give notebook paths that exist (missing: {missing}).")

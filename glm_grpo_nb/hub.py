@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'DIT_ADAPTER_FILE', 'DIT_ADAPTER_PLAIN', 'AR_LORA_MODULES',
+__all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'DEVICE_ENV', 'DIT_ADAPTER_FILE', 'DIT_ADAPTER_PLAIN', 'AR_LORA_MODULES',
            'AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'DIT_LORA_TARGETS_FF', 'WINDOW_SCHEDULES', 'MARKER', 'DEFAULT_SIZE',
            'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model', 'check_image_size', 'token_grid', 'default_device',
            'same_device', 'atomic_write', 'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps',
@@ -101,10 +101,22 @@ def token_grid(height: int, width: int, where: str = "image size") -> tuple[int,
     return height // IMAGE_BLOCK, width // IMAGE_BLOCK
 
 # %% ../nbs/00a_hub.ipynb #157204ec
+DEVICE_ENV = "GLM_GRPO_DEVICE"   # the device used where none is given, e.g. cpu to keep a CUDA machine's checks on the CPU
+
 def default_device(device=None):
-    "`device` as a torch.device; when None this process's GPU (cuda:LOCAL_RANK under a multi-process launch), else the CPU."
+    """`device` as a torch.device; when None: $GLM_GRPO_DEVICE if set, else this process's GPU (cuda:LOCAL_RANK under a
+    multi-process launch), else the CPU."""
     import torch   # here: the command line imports this module before torch is needed
     if device is not None: return torch.device(device)
+    if os.environ.get(DEVICE_ENV):
+        name = os.environ[DEVICE_ENV]
+        try: pinned = torch.device(name)
+        except RuntimeError as e:
+            raise ValueError(f"${DEVICE_ENV}={name!r} is not a device torch knows ({e}); set it to cpu, cuda or cuda:N, "
+                             "or unset it.") from None
+        if pinned.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"${DEVICE_ENV}={name!r}, but this machine has no CUDA GPU; set it to cpu or unset it.")
+        return pinned
     if not torch.cuda.is_available(): return torch.device("cpu")
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
 

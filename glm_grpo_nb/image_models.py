@@ -40,9 +40,9 @@ class PipelineModel:
     def _load(self):
         import torch
         from diffusers import GlmImagePipeline
-        from glm_grpo_nb.hub import quiet_io
+        from glm_grpo_nb.hub import default_device, quiet_io
         from glm_grpo_nb.policy import apply_adapters
-        self.device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = default_device(self.device)
         dtype = self.torch_dtype or (torch.bfloat16 if torch.device(self.device).type == "cuda" else torch.float32)
         with quiet_io(): pipe = GlmImagePipeline.from_pretrained(self.model, dtype=dtype)
         if self.adapters is not None: apply_adapters(pipe, self.adapters)

@@ -19,7 +19,10 @@ def test_step_on_cuda_is_on_policy(tiny_path, tmp_path):
     from glm_grpo_nb.policy import GlmImagePolicy
     from glm_grpo_nb.rewards import RednessReward
     from glm_grpo_nb.trainer import GRPOTrainer
-    policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8, dit_lora=8, verbose=False)
+    # float32 compute under NF4: the recomputation is exact up to float32 (bf16 on this tiny DiT moves a first ratio by
+    # about 1e-3 through batch shapes alone: its latent is 1,024 numbers; at the released size, 1e-6, in bench.gpu_step)
+    policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8, dit_lora=8, torch_dtype=torch.float32,
+                                            verbose=False)
     assert policy.device.type == "cuda" and policy.sampling_copy   # the defaults on CUDA
     trainer = GRPOTrainer(policy, RednessReward(), ["a red square", "a 'HI' sign"], group_size=4, prompts_per_step=2,
                           num_inference_steps=4, sde_window=[0, 1], micro_batch_size=3, output_dir=tmp_path / "run", save_every=1)
@@ -27,11 +30,12 @@ def test_step_on_cuda_is_on_policy(tiny_path, tmp_path):
         m = trainer.step().metrics
         assert not m["skipped"]
         assert abs(m["ar/first_ratio_min"] - 1) < 1e-3 and abs(m["ar/first_ratio_max"] - 1) < 1e-3, m   # old log-probs: training forward
-        assert abs(m["dit/first_ratio_min"] - 1) < 1e-3 and abs(m["dit/first_ratio_max"] - 1) < 1e-3, m
-        assert 0 <= m["ar/sampler_gap"] < 0.1, m                                             # bf16 copy vs NF4 + LoRA
+        assert abs(m["dit/first_ratio_min"] - 1) < 1e-4 and abs(m["dit/first_ratio_max"] - 1) < 1e-4, m
+        assert 0 <= m["ar/sampler_gap"] < 0.1, m                                             # the copy vs NF4 + LoRA
     trainer.save()
     resumed = GRPOTrainer.resume(tmp_path / "run", GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8,
-                                                                                  dit_lora=8, verbose=False),
+                                                                                  dit_lora=8, torch_dtype=torch.float32,
+                                                                                  verbose=False),
                                  RednessReward(), ["a red square", "a 'HI' sign"])
     assert resumed.step_count == 2
 
@@ -122,7 +126,8 @@ def test_nft_step_on_cuda(tiny_path, tmp_path):
     assert any(not torch.equal(w, p) for w, p in zip(trainer.objectives['dit'].old.weights, trainer.dit_params))
     trainer.save(); trainer.close()
     resumed = GRPOTrainer.resume(tmp_path / "run", GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8,
-                                                                                  dit_lora=8, verbose=False),
+                                                                                  dit_lora=8, torch_dtype=torch.float32,
+                                                                                  verbose=False),
                                  RednessReward(), ["a red square", "a 'HI' sign"])
     assert all(torch.equal(a, b) for a, b in zip(resumed.objectives['dit'].old.weights, trainer.objectives['dit'].old.weights))
 
@@ -132,19 +137,21 @@ def test_cfg_free_flow_grpo_on_cuda(tiny_path):
     from glm_grpo_nb.policy import GlmImagePolicy
     from glm_grpo_nb.rewards import RednessReward
     from glm_grpo_nb.trainer import GRPOTrainer
-    policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8, dit_lora=8, verbose=False)
+    policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8, dit_lora=8, torch_dtype=torch.float32,
+                                            verbose=False)   # float32 compute: see test_step_on_cuda_is_on_policy
     trainer = GRPOTrainer(policy, RednessReward(), ["a red square", "a 'HI' sign"], group_size=4, prompts_per_step=2,
                           num_inference_steps=4, sde_window=[0, 1], sde_type="cps", guidance_scale=1.0, kl_coef=0.1,
                           kl_type="velocity", train_ar=False)
     m = trainer.step().metrics
-    assert abs(m["dit/first_ratio_min"] - 1) < 1e-3 and abs(m["dit/first_ratio_max"] - 1) < 1e-3 and m["dit/kl"] >= 0, m
+    assert abs(m["dit/first_ratio_min"] - 1) < 1e-4 and abs(m["dit/first_ratio_max"] - 1) < 1e-4 and m["dit/kl"] >= 0, m
 
 
-def _trainer(tiny_path, load_in_4bit=True, data=("a red square", "a 'HI' sign"), **kw):
+def _trainer(tiny_path, load_in_4bit=True, data=("a red square", "a 'HI' sign"), torch_dtype=None, **kw):
     from glm_grpo_nb.policy import GlmImagePolicy
     from glm_grpo_nb.rewards import RednessReward
     from glm_grpo_nb.trainer import GRPOTrainer
-    policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=load_in_4bit, ar_lora=8, dit_lora=8, verbose=False)
+    policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=load_in_4bit, ar_lora=8, dit_lora=8,
+                                            torch_dtype=torch_dtype, verbose=False)
     return GRPOTrainer(policy, RednessReward(), list(data), group_size=4, prompts_per_step=2, num_inference_steps=4, **kw)
 
 
@@ -178,14 +185,14 @@ def test_i2i_and_decoupled_on_cuda(tiny_path):
     from PIL import Image
     src = [Image.linear_gradient("L").convert("RGB").resize((64, 64))]
     trainer = _trainer(tiny_path, data=[{"prompt": "make it red", "source": src}, {"prompt": "add a dot", "source": src}],
-                       sde_window=[0, 1], micro_batch_size=3)
+                       sde_window=[0, 1], micro_batch_size=3, torch_dtype=torch.float32)   # as on_policy: float32 compute
     m = trainer.step().metrics
-    assert not m["skipped"] and abs(m["dit/first_ratio_min"] - 1) < 1e-3 and abs(m["dit/first_ratio_max"] - 1) < 1e-3, m
+    assert not m["skipped"] and abs(m["dit/first_ratio_min"] - 1) < 1e-4 and abs(m["dit/first_ratio_max"] - 1) < 1e-4, m
     assert "_sources" not in trainer.policy.__dict__   # released after the update
     trainer.close()
-    trainer = _trainer(tiny_path, mode="decoupled", sde_window=[0, 1])
+    trainer = _trainer(tiny_path, mode="decoupled", sde_window=[0, 1], torch_dtype=torch.float32)
     res = trainer.step()
-    assert not res.skipped and res.dit_images is not None and abs(res.metrics["dit/first_ratio_max"] - 1) < 1e-3, res.metrics
+    assert not res.skipped and res.dit_images is not None and abs(res.metrics["dit/first_ratio_max"] - 1) < 1e-4, res.metrics
     trainer.close()
 
 
