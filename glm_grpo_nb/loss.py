@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 # %% auto #0
-__all__ = ['group_advantages', 'aggregate', 'clipped_surrogate', 'kl_k3', 'gaussian_kl']
+__all__ = ['ROLLOUT_IS_MODES', 'group_advantages', 'aggregate', 'clipped_surrogate', 'kl_k3', 'gaussian_kl', 'mismatch_metrics',
+           'rollout_weights']
 
 # %% ../nbs/00_loss.ipynb #54a5eaa7
 def _check_rewards(rewards, group_size):
@@ -92,7 +93,8 @@ def clipped_surrogate(
     clip_range: float = 0.2,         # epsilon: the ratio is clipped to [1 - eps, 1 + eps_high]
     clip_range_high: float | None = None,  # eps_high (DAPO clip-higher); None means `clip_range`
     aggregation: str = "token_mean",  # "token_mean" or "sequence_mean", see `aggregate`
-    weights: torch.Tensor | None = None,  # [N, T] or [T]: each entry's weight in the loss (GRPO-Guard's 1/|dt|)
+    weights: torch.Tensor | None = None,  # [N, T] or [T]: each entry's weight in the loss (GRPO-Guard's 1/|dt|, importance weights)
+    importance_sampling_level: str = "token",  # token: a ratio per entry; sequence: GSPO's, one per sample (TRL's name)
 ) -> tuple[torch.Tensor, dict]:       # scalar loss to minimise, metrics
     "PPO/GRPO clipped policy loss for tokens `[N, T]` or denoising steps `[N, S]`."
     if logprobs.shape != old_logprobs.shape or logprobs.ndim != 2:
@@ -102,10 +104,16 @@ def clipped_surrogate(
     if advantages.shape[0] != logprobs.shape[0]:
         raise ValueError(f"clipped_surrogate: {advantages.shape[0]} advantages for {logprobs.shape[0]} samples; pass one per sample.")
     if clip_range <= 0: raise ValueError(f"clipped_surrogate: clip_range must be > 0, got {clip_range}.")
+    if importance_sampling_level not in ("token", "sequence"):
+        raise ValueError(f"clipped_surrogate: importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}.")
     hi = clip_range if clip_range_high is None else clip_range_high
     mask = _as_mask(logprobs, mask)
     advantages = advantages.to(logprobs.dtype)
-    log_ratio = (logprobs - old_logprobs.detach()).clamp(-20.0, 20.0)
+    log_ratio = logprobs - old_logprobs.detach()
+    if importance_sampling_level == "sequence":   # GSPO: the mean of a sample's log-ratios over its entries, for each entry
+        summed = torch.where(mask, log_ratio, torch.zeros_like(log_ratio)).sum(1, keepdim=True)
+        log_ratio = (summed / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(logprobs)
+    log_ratio = log_ratio.clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + hi) * advantages
@@ -154,3 +162,59 @@ def gaussian_kl(
         raise ValueError("gaussian_kl: std must be > 0; deterministic (ODE) steps have no KL, mask them out instead.")
     sq = (mean - ref_mean.detach()).pow(2).mean(dim=(-3, -2, -1))
     return sq / (2 * std ** 2)
+
+# %% ../nbs/00_loss.ipynb #5f8aa602
+ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+def _sampled(logprobs, sampler_logprobs, mask):
+    "Per-entry log(pi / mu) in float64, 0 where masked, with the mask as bool."
+    if logprobs.shape != sampler_logprobs.shape or logprobs.ndim != 2:
+        raise ValueError(f"the training forward's log-probs {tuple(logprobs.shape)} and the sampler's "
+                         f"{tuple(sampler_logprobs.shape)} must both be [N, T], one per sampled token.")
+    mask = _as_mask(logprobs, mask)
+    d = logprobs.detach().double() - sampler_logprobs.detach().to(logprobs.device).double()
+    return torch.where(mask, d, torch.zeros_like(d)), mask
+
+def mismatch_metrics(
+    logprobs: torch.Tensor,           # [N, T] the training forward's log-probs of the sampled tokens
+    sampler_logprobs: torch.Tensor,   # [N, T] the sampler's own log-probs of the same tokens
+    mask: torch.Tensor | None = None,  # [N, T] the tokens that count
+) -> dict:                            # rollout_kl, rollout_k3_kl, training_ppl, rollout_ppl, rollout_chi2_token, rollout_chi2_seq
+    "How far the sampler's distribution is from the training forward's, estimated from tokens the sampler drew."
+    d, mask = _sampled(logprobs, sampler_logprobs, mask)
+    n_tok = mask.sum(1)
+    rows, n = n_tok > 0, mask.sum()
+    if n == 0: return dict(rollout_kl=0.0, rollout_k3_kl=0.0, training_ppl=1.0, rollout_ppl=1.0,
+                           rollout_chi2_token=0.0, rollout_chi2_seq=0.0)
+    b = d.clamp(-20.0, 20.0)
+    ppl = lambda lp: torch.exp(-torch.where(mask, lp.detach().double(), 0.0).sum(1)[rows] / n_tok[rows]).mean().item()
+    return dict(rollout_kl=(-d.sum() / n).item(),                                               # k1: E_mu[log mu - log pi]
+                rollout_k3_kl=(torch.where(mask, torch.expm1(b) - b, 0.0).sum() / n).item(),   # k3: E_mu[w - 1 - log w]
+                training_ppl=ppl(logprobs), rollout_ppl=ppl(sampler_logprobs.to(logprobs.device)),
+                rollout_chi2_token=(torch.where(mask, torch.exp(2 * b), 0.0).sum() / n - 1).item(),
+                rollout_chi2_seq=(torch.exp(2 * d.sum(1)[rows].clamp(-20.0, 20.0)).mean() - 1).item())
+
+def rollout_weights(
+    logprobs: torch.Tensor,           # [N, T] the training forward's log-probs of the sampled tokens (the old policy's)
+    sampler_logprobs: torch.Tensor,   # [N, T] the sampler's own log-probs of the same tokens
+    mask: torch.Tensor | None = None,  # [N, T] the tokens that count
+    mode: str = "token_truncate",     # one of ROLLOUT_IS_MODES
+    threshold: float = 2.0,           # C: truncate caps weights at it, mask drops what exceeds it
+) -> tuple[torch.Tensor, dict]:       # weights [N, T] (no gradient, 0 where masked, dtype of logprobs) and metrics
+    "Importance weights pi/mu that correct an update for tokens drawn by another sampler, truncated or masked at C."
+    if mode not in ROLLOUT_IS_MODES:
+        raise ValueError(f"rollout_weights: mode must be one of {', '.join(ROLLOUT_IS_MODES)}, got {mode!r}.")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 1 <= threshold < float("inf"):
+        raise ValueError(f"rollout_weights: threshold must be a finite number >= 1 (a weight of 1 is on-policy), got {threshold!r}.")
+    d, mask = _sampled(logprobs, sampler_logprobs, mask)
+    level, kind = mode.split("_")
+    log_w = d if level == "token" else d.sum(1, keepdim=True).expand_as(d)
+    w = torch.exp(log_w.clamp(-20.0, 20.0))
+    over = (w > threshold) & mask
+    w = w.clamp(max=threshold) if kind == "truncate" else torch.where(over, torch.zeros_like(w), w)
+    w = torch.where(mask, w, torch.zeros_like(w))
+    rows = mask.any(1)
+    hit = over.sum() / mask.sum().clamp(min=1) if level == "token" else over.any(1)[rows].double().mean() if rows.any() else over.sum()
+    metrics = {"is_weight_mean": (w.sum() / mask.sum().clamp(min=1)).item(),
+               ("is_truncated_fraction" if kind == "truncate" else "is_masked_fraction"): float(hit)}
+    return w.to(logprobs.dtype), metrics
