@@ -5,14 +5,15 @@ The settings, each with rank-16 LoRA on both halves, the sampling copy, 1024x102
 and the trainer's default micro-batches (all of a step's samples, halved on out-of-memory):
 - every DiT objective (flow_grpo, grpo_guard with the moving window, nft, awm, dgpo), each in NF4 and in bf16;
 - decoupled mode (flow_grpo, NF4);
-- image-to-image from a 1024x1024 source (flow_grpo, NF4, two steps).
+- image-to-image from a 1024x1024 source (flow_grpo, NF4, two steps);
+- the AR's update corrected for the sampling copy's distribution (flow_grpo, NF4, token_truncate).
 Without --model the released architecture with random weights is written once to /dev/shm (about 34 GB; the machine's
 RAM) and every setting loads it with `GlmImagePolicy.from_pretrained`, as users load the release.
 
 Per step the report (--out, default gpu_step.json, rewritten after every setting) holds: the seconds of each phase the
 trainer times (sample_ar, sample_dit, decode, reward, prepare, update_ar, update_dit, optimizer) and of the whole
 `step()`, ms per sampled token, the peak allocated / reserved memory of each phase next to `memory.plan`'s prediction
-for the same setting, the first inner epoch's ratio extremes (AR, DiT) and `ar/sampler_gap`, every `lowered/*` (a batch
+for the same setting, the first inner epoch's ratio extremes (AR, DiT), `ar/sampler_gap` and the sampler's mismatch (`ar/rollout_*`, the perplexities, `ar/is_*` with the correction), every `lowered/*` (a batch
 halved after running out of memory), whether the step was skipped and why; per setting the build seconds, the resident
 memory after loading and dynamo's graph counts (the first step includes compiling the decode step).
 A setting fails, and the exit status is non-zero, when any step is skipped or leaves a non-finite gradient norm; each
@@ -45,6 +46,7 @@ OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")
 SETTINGS = {f"{o}-{q}": dict(objective=o, load_in_4bit=q == "nf4") for o in OBJECTIVES for q in ("nf4", "bf16")}
 SETTINGS["flow_grpo-nf4-decoupled"] = dict(objective="flow_grpo", load_in_4bit=True, mode="decoupled")
 SETTINGS["flow_grpo-nf4-i2i"] = dict(objective="flow_grpo", load_in_4bit=True, i2i=True, steps=2)
+SETTINGS["flow_grpo-nf4-is"] = dict(objective="flow_grpo", load_in_4bit=True, rollout_importance_sampling_mode="token_truncate")
 PEAKS: dict = {}
 
 
@@ -109,7 +111,7 @@ def one_setting(model: str, name: str, size: int, steps: int, tiny: bool) -> dic
     kw = dict(sde_window_schedule="progressive") if s["objective"] == "grpo_guard" else {}
     t = GRPOTrainer(policy, RednessReward(), data, group_size=4, prompts_per_step=2, height=size, width=size,
                     num_inference_steps=10, lr=1e-5, max_consecutive_skips=100, dit_objective=s["objective"],
-                    mode=s.get("mode", "joint"), **kw)
+                    mode=s.get("mode", "joint"), rollout_importance_sampling_mode=s.get("rollout_importance_sampling_mode"), **kw)
     c = t.config
     gh, gw = token_grid(size, size)
     pl = plan(height=size, width=size, group_size=4, prompts_per_step=2, load_in_4bit=s["load_in_4bit"], lora_rank=16,
@@ -134,6 +136,7 @@ def one_setting(model: str, name: str, size: int, steps: int, tiny: bool) -> dic
                               if k in PLAN_PHASE else None} for k, (a, r) in PEAKS.items()},
             "ratio": {k: m.get(k) for k in ("ar/ratio_min", "ar/ratio_max", "dit/ratio_min", "dit/ratio_max",
                                             "ar/sampler_gap")},
+            "mismatch": {k: v for k, v in m.items() if k.startswith(("ar/rollout_", "ar/is_")) or k.endswith("_ppl")},
             "halves": {f"{h}/{k}": m.get(f"{h}/{k}") for h in ("ar", "dit") for k in HALF_METRICS},
             "nonfinite": {k: v for k, v in m.items() if k.startswith("nonfinite/")},
             "lowered": {k: v for k, v in m.items() if k.startswith("lowered/")},

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 
 # %% auto #0
-__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'setting', 'renamed_settings', 'deprecated', 'GRPOConfig']
+__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'ROLLOUT_IS_MODES', 'setting', 'renamed_settings', 'deprecated', 'GRPOConfig']
 
 # %% ../nbs/05a_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
@@ -47,6 +47,9 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow", "comet_ml", "aim", "cle
 
 # the DiT's objectives by name (glm_grpo_nb.objectives.OBJECTIVES; named here so that the CLI's choices need no torch)
 DIT_OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")
+
+# the AR's corrections for the sampler's own distribution (glm_grpo_nb.loss.rollout_weights), named here for the CLI too
+ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 def _objective(name_or_objective):
     "The objective's class: its default settings and checks (imported here: objectives need torch, the CLI does not)."
@@ -154,6 +157,16 @@ class GRPOConfig:
     advantage_scale: str = setting("group", "advantage std: group (GRPO), batch, or none (Dr. GRPO)",
                                    ("group", "batch", "none"))
     aggregation: str = setting("token_mean", "loss over tokens and steps", ("token_mean", "sequence_mean"))
+    importance_sampling_level: str = setting("token", "the AR surrogate's ratio: token (GRPO's) or sequence (GSPO's: the "
+                                             "geometric mean of an image's token ratios, clipped as one; TRL's name)",
+                                             ("token", "sequence"))
+    rollout_importance_sampling_mode: str | None = setting(None, "correct the AR's update for the sampler's own "
+                                                           "distribution (the sampling copy's log-probs against the "
+                                                           "training forward's): token_truncate, token_mask, "
+                                                           "sequence_truncate or sequence_mask (ms-swift's names); None: "
+                                                           "off, the mismatch is still measured", ROLLOUT_IS_MODES)
+    rollout_importance_sampling_threshold: float = setting(2.0, "the importance weights' bound C: truncate caps them at "
+                                                           "C, mask drops the tokens (or images) above it")
     # bookkeeping
     eval_every: int = setting(0, "evaluate every n steps during fit (0: never)")
     save_every: int = setting(0, "write a checkpoint every n steps during fit (0: never)")
@@ -182,7 +195,7 @@ class GRPOConfig:
             self.updates_per_batch = max(d for d in range(1, self.updates_per_batch + 1) if self.prompts_per_step % d == 0)
         for f in dataclasses.fields(self):
             choices, v = f.metadata["choices"], getattr(self, f.name)
-            if choices and v not in choices and not (f.name == "dit_objective" and not isinstance(v, str)):
+            if choices and v not in choices and v is not None and not (f.name == "dit_objective" and not isinstance(v, str)):
                 raise self._bad(f.name, "one of " + ", ".join(map(repr, choices)))
         for name, low in (("group_size", 2), ("prompts_per_step", 1), ("top_k", 0), ("num_inference_steps", 1),
                           ("num_inner_epochs", 1), ("micro_batch_size", 1), ("decode_batch", 1),
@@ -201,7 +214,8 @@ class GRPOConfig:
                                   ("weight_decay", 0, False), ("adam_epsilon", 0, True), ("nft_beta", 0, True), ("nft_adv_clip", 0, True),
                                   ("nft_decay_rate", 0, False), ("nft_decay_max", 0, False), ("diversity_warning", 0, False),
                                   ("awm_ema_coef", 0, False), ("dgpo_beta", 0, True), ("dit_clip_range", 0, True), ("awm_ghuber_power", 0, True),
-                                  ("matching_adv_clip", 0, True), ("ema_decay_rate", 0, False), ("ema_decay_max", 0, False)):
+                                  ("matching_adv_clip", 0, True), ("ema_decay_rate", 0, False), ("ema_decay_max", 0, False),
+                                  ("rollout_importance_sampling_threshold", 1, False)):
             self._number(name, low, strict)
         if not (self._finite(self.top_p) and 0 < self.top_p <= 1): raise self._bad("top_p", "in (0, 1]")
         for name in ("train_ar", "train_dit"):

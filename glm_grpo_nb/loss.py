@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from .config import ROLLOUT_IS_MODES   # named there: the command line offers them without torch
+
 # %% auto #0
-__all__ = ['ROLLOUT_IS_MODES', 'group_advantages', 'aggregate', 'clipped_surrogate', 'kl_k3', 'gaussian_kl', 'mismatch_metrics',
-           'rollout_weights']
+__all__ = ['group_advantages', 'aggregate', 'clipped_surrogate', 'kl_k3', 'gaussian_kl', 'mismatch_metrics', 'rollout_weights']
 
 # %% ../nbs/00_loss.ipynb #54a5eaa7
 def _check_rewards(rewards, group_size):
@@ -164,8 +165,6 @@ def gaussian_kl(
     return sq / (2 * std ** 2)
 
 # %% ../nbs/00_loss.ipynb #5f8aa602
-ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-
 def _sampled(logprobs, sampler_logprobs, mask):
     "Per-entry log(pi / mu) in float64, 0 where masked, with the mask as bool."
     if logprobs.shape != sampler_logprobs.shape or logprobs.ndim != 2:

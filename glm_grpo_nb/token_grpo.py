@@ -7,14 +7,15 @@ import warnings
 
 import torch
 
-from .loss import aggregate, clipped_surrogate, kl_k3
+from .loss import aggregate, clipped_surrogate, kl_k3, mismatch_metrics, rollout_weights
 from .objectives import Objective
 from .policy import to_host
 
 DROPPED = -1e30   # a log-prob below this is a token the truncation removed (sampling_logits fills them with -3.4e38)
 
 class TokenGRPO(Objective):
-    "Token-level GRPO for the AR: the clipped surrogate per token (+ k3 KL to the adapters-off reference)."
+    """Token-level GRPO for the AR: the clipped surrogate per token or, with importance_sampling_level='sequence', per image
+    (GSPO), corrected for the sampler's own distribution when asked (+ k3 KL to the adapters-off reference)."""
     name = "grpo"
 
     _warned = False
@@ -40,7 +41,13 @@ class TokenGRPO(Objective):
                           f"training forward's top_k={roll.top_k} / top_p={roll.top_p} set; they are left out of the loss "
                           "(the metric ar/dropped_tokens counts them; the exact distribution, top_k=0 and top_p=1, has none).")
         gap = (roll.logprobs - out["old_logprobs"]).abs()[out["kept"]]
-        return out, {"sampler_gap": gap.mean().item() if gap.numel() else 0.0, "dropped_tokens": float(dropped.sum())}
+        m = {"sampler_gap": gap.mean().item() if gap.numel() else 0.0, "dropped_tokens": float(dropped.sum()),
+             **mismatch_metrics(out["old_logprobs"], roll.logprobs, out["kept"])}
+        if c.rollout_importance_sampling_mode is not None:   # the tokens came from the sampler: weight them pi_old / mu
+            out["is_weights"], wm = rollout_weights(out["old_logprobs"], roll.logprobs, out["kept"],
+                                                    c.rollout_importance_sampling_mode, c.rollout_importance_sampling_threshold)
+            m.update(wm)
+        return out, m
 
     def loss(self, roll, advantages, prepared, part):
         c, dev = self.config, self.policy.on_device
@@ -48,8 +55,10 @@ class TokenGRPO(Objective):
         kept = dev(prepared["kept"])
         # and what this update's truncation drops; a NaN stays in, so the step is skipped and says so
         mask = kept & ~(lp.detach() <= DROPPED)
+        weights = dev(prepared["is_weights"]) if "is_weights" in prepared else None
         loss, m = clipped_surrogate(lp, dev(prepared["old_logprobs"]), dev(advantages), mask=mask, clip_range=c.clip_range,
-                                    clip_range_high=c.clip_range_high, aggregation=c.aggregation)
+                                    clip_range_high=c.clip_range_high, aggregation=c.aggregation, weights=weights,
+                                    importance_sampling_level=c.importance_sampling_level)
         if "ref_logprobs" in prepared:
             kl = aggregate(kl_k3(lp, dev(prepared["ref_logprobs"]), mask), mask, c.aggregation)
             loss, m["kl"] = loss + c.kl_coef * kl, kl.item()

@@ -148,7 +148,8 @@ def plot_history(history: list[dict], fig=None):
     # a KL or clip fraction below float noise (1e-9) is 0: on-policy it is 0 up to rounding
     moved = lambda keys: [k for k in keys if any(abs(r.get(k, 0.0)) > 1e-9 for r in h)]
     # on-policy (one inner epoch, no KL term) KL and clipping are exactly 0: those panels show what does move instead
-    kl = moved([f"{half}/{k}" for half in ("ar", "dit") for k in ("approx_kl", "kl")])
+    # and the AR sampler's distance from the training forward (k3), which a correction for it would weigh against
+    kl = moved([f"{half}/{k}" for half in ("ar", "dit") for k in ("approx_kl", "kl")] + ["ar/rollout_k3_kl"])
     clip = moved([f"{half}/clip_fraction" for half in ("ar", "dit")])
     panels = ((axes[1], kl, "KL") if kl else (axes[1], moved(["ar/grad_norm", "dit/grad_norm"]), "gradient norm (KL is 0 on-policy)"),
               (axes[2], clip, "clip fraction") if clip else (axes[2], moved(["zero_std_fraction"]) or ["zero_std_fraction"],
