@@ -4,7 +4,7 @@ norm, which LoRA tensors (if any) hold non-finite gradients, and the attention m
 empty rows: a query with no key to attend to). A quick bisect between a plain log-prob backward and the trainer.
 
 Run from the repository root:
-python -m bench.ar_update_check [--layers N] [--size 1024] [--dtype bf16|fp32] [--device cuda|cpu] [--no-copy]
+python -m bench.ar_update_check [--layers N] [--size 1024] [--dtype bf16|fp32 (default: bf16 where native)] [--device cuda|cpu] [--no-copy]
                                 [--no-checkpointing] [--nf4] [--padded-forward]
 (--layers 0: the tiny model, a check of this script; default 2 layers per stack on CUDA, 1 on the CPU;
 --padded-forward: the training forward as it was before it cut shared padding and gave padded queries a key, so both
@@ -52,7 +52,9 @@ def padded_token_logprobs(self, rollout, micro_batch_size=None, truncated=True):
 def main():
     device = _arg("--device", "cuda" if torch.cuda.is_available() else "cpu")
     layers = int(_arg("--layers", 2 if device == "cuda" else 1))
-    size, dtype = int(_arg("--size", 1024 if layers else 64)), dict(bf16=torch.bfloat16, fp32=torch.float32)[_arg("--dtype", "bf16")]
+    from glm_grpo_nb.hub import compute_dtype   # bf16 on CUDA and on a CPU that has it natively, else float32
+    default = "bf16" if compute_dtype(device) == torch.bfloat16 else "fp32"
+    size, dtype = int(_arg("--size", 1024 if layers else 64)), dict(bf16=torch.bfloat16, fp32=torch.float32)[_arg("--dtype", default)]
     nf4, copy, gc = "--nf4" in sys.argv, "--no-copy" not in sys.argv, "--no-checkpointing" not in sys.argv
     if "--padded-forward" in sys.argv: GlmImagePolicy.token_logprobs = padded_token_logprobs
     t0 = time.perf_counter()

@@ -24,10 +24,11 @@ from pathlib import Path
 __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'DEVICE_ENV', 'DIT_ADAPTER_FILE', 'DIT_ADAPTER_PLAIN', 'AR_LORA_MODULES',
            'AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'DIT_LORA_TARGETS_FF', 'WINDOW_SCHEDULES', 'MARKER', 'DEFAULT_SIZE',
            'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model', 'check_image_size', 'token_grid', 'default_device',
-           'same_device', 'atomic_write', 'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps',
-           'sde_window_at', 'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder',
-           'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock',
-           'hush_harmless_notices', 'quiet_io']
+           'same_device', 'cpu_bf16_native', 'compute_dtype', 'bf16_cost', 'check_cpu_dtype', 'atomic_write',
+           'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps', 'sde_window_at', 'folder_info',
+           'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder', 'remove_leftovers',
+           'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock', 'hush_harmless_notices',
+           'quiet_io']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -127,6 +128,47 @@ def same_device(a, b) -> bool:
     if a.type != b.type: return False
     current = torch.cuda.current_device() if a.type == "cuda" and torch.cuda.is_available() else 0
     return a.type == "cpu" or (current if a.index is None else a.index) == (current if b.index is None else b.index)
+
+# %% ../nbs/00a_hub.ipynb #65602580
+_BF16_COST: list = []   # the measured (bf16 seconds, float32 seconds) of one product, once per process
+
+def cpu_bf16_native() -> bool:
+    "Whether this process's CPU matrix products run bf16 natively (oneDNN's own check: AVX512-BF16 or AMX, and allowed)."
+    import torch
+    try: return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError): return "AVX512" in torch.backends.cpu.get_cpu_capability()
+
+def compute_dtype(device=None):
+    "The dtype to compute in on `device` when none is asked: bf16 on a GPU (and meta), on a CPU only where bf16 is native."
+    import torch
+    d = default_device(device)
+    return torch.bfloat16 if d.type != "cpu" or cpu_bf16_native() else torch.float32
+
+def bf16_cost() -> tuple[float, float]:
+    "Seconds of one 128 x 512 by 512 x 512 product in bf16 and in float32 on this CPU, measured on first call."
+    import torch
+    if not _BF16_COST:
+        a, b, out = torch.randn(128, 512), torch.randn(512, 512), []
+        for dtype in (torch.bfloat16, torch.float32):
+            x, y = a.to(dtype), b.to(dtype)
+            x @ y   # once to warm up
+            start = time.perf_counter(); x @ y; out.append(time.perf_counter() - start)
+        _BF16_COST.extend(out)
+    return tuple(_BF16_COST)
+
+_warned_bf16: set = set()
+
+def check_cpu_dtype(dtype, device, where: str) -> None:
+    "Warn once per caller when bf16 is asked for on a CPU that computes it by emulation: what it costs, how to avoid it."
+    import torch, warnings
+    if dtype != torch.bfloat16 or default_device(device).type != "cpu" or cpu_bf16_native() or where in _warned_bf16: return
+    _warned_bf16.add(where)
+    bf16, fp32 = bf16_cost()
+    warnings.warn(f"{where}: bf16 on this CPU, which has no native bf16 (PyTorch's CPU capability: "
+                  f"{torch.backends.cpu.get_cpu_capability()}): a 128 x 512 by 512 x 512 product takes {bf16 * 1e3:.1f} ms "
+                  f"here against {fp32 * 1e3:.2f} ms in float32 ({bf16 / max(fp32, 1e-9):.0f}x), and a model's step takes "
+                  "as many times longer. Compute in float32 on this machine (torch_dtype=torch.float32, or leave the dtype "
+                  "out: the CPU default), or use bf16 on a GPU or a CPU with AVX512-BF16 or AMX.", stacklevel=3)
 
 # %% ../nbs/00a_hub.ipynb #b8fcaf96
 DIT_ADAPTER_FILE = "pytorch_lora_weights.safetensors"   # diffusers' LoRA file name, with the LoRA config inside

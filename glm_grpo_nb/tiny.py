@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
-from .hub import DEFAULT_SIZE, MODEL_INDEX, atomic_folder, check_folder, quiet_io   # first: it quiets upstream's harmless notices
+from .hub import (DEFAULT_SIZE, MODEL_INDEX, atomic_folder, check_cpu_dtype, check_folder, compute_dtype,
+                            quiet_io)   # first: it quiets upstream's harmless notices
 from tokenizers import AddedToken, Tokenizer, models
 from transformers import (ByT5Tokenizer, GlmImageConfig, GlmImageForConditionalGeneration, GlmImageProcessor,
                           PreTrainedTokenizerFast, T5Config, T5EncoderModel)
@@ -127,7 +128,7 @@ def _materialise(model: torch.nn.Module, device, quantize=None, compute_dtype=No
 
 def make_random_glm_image(
     device: str | torch.device = "cpu",  # where to build it (a GPU: seconds; "meta": no memory, for counting)
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | None = None,    # default: bf16 on a GPU, float32 on a CPU without native bf16 (hub.compute_dtype)
     seed: int = 0,
     path: str | Path | None = None,  # write the hub layout here (about 34 GB in bf16) instead of returning the parts
     layers: int | None = None,       # layers per stack (AR, its vision encoder, DiT, glyph encoder) at full width; None: released
@@ -142,6 +143,8 @@ def make_random_glm_image(
     if path is not None:
         path = Path(path).expanduser()
         check_folder(path, "model", "make_random_glm_image")   # before building 17B parameters
+    if dtype is None: dtype = compute_dtype(device)
+    else: check_cpu_dtype(dtype, device, "make_random_glm_image")
     tok, template, vocab = _release_tokenizer()
     # source images keep their size between GLM-Image's smallest and largest (512² and 2048²): transformers' default
     # limit (28·28·1280 pixels) would shrink a 1024² source to a 31 x 31 grid instead of the 32 x 32 a 1024² image has
