@@ -126,8 +126,7 @@ def test_nft_step_on_cuda(tiny_path, tmp_path):
     assert any(not torch.equal(w, p) for w, p in zip(trainer.objectives['dit'].old.weights, trainer.dit_params))
     trainer.save(); trainer.close()
     resumed = GRPOTrainer.resume(tmp_path / "run", GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8,
-                                                                                  dit_lora=8, torch_dtype=torch.float32,
-                                                                                  verbose=False),
+                                                                                  dit_lora=8, verbose=False),
                                  RednessReward(), ["a red square", "a 'HI' sign"])
     assert all(torch.equal(a, b) for a, b in zip(resumed.objectives['dit'].old.weights, trainer.objectives['dit'].old.weights))
 
