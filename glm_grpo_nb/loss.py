@@ -171,7 +171,10 @@ def _sampled(logprobs, sampler_logprobs, mask):
         raise ValueError(f"the training forward's log-probs {tuple(logprobs.shape)} and the sampler's "
                          f"{tuple(sampler_logprobs.shape)} must both be [N, T], one per sampled token.")
     mask = _as_mask(logprobs, mask)
-    d = logprobs.detach().double() - sampler_logprobs.detach().to(logprobs.device).double()
+    if logprobs.device != sampler_logprobs.device:   # the trainer passes both from the host
+        raise ValueError(f"the training forward's log-probs are on {logprobs.device}, the sampler's on "
+                         f"{sampler_logprobs.device}; pass both on one device.")
+    d = logprobs.detach().double() - sampler_logprobs.detach().double()
     return torch.where(mask, d, torch.zeros_like(d)), mask
 
 def mismatch_metrics(
@@ -189,7 +192,7 @@ def mismatch_metrics(
     ppl = lambda lp: torch.exp(-torch.where(mask, lp.detach().double(), 0.0).sum(1)[rows] / n_tok[rows]).mean().item()
     return dict(rollout_kl=(-d.sum() / n).item(),                                               # k1: E_mu[log mu - log pi]
                 rollout_k3_kl=(torch.where(mask, torch.expm1(b) - b, 0.0).sum() / n).item(),   # k3: E_mu[w - 1 - log w]
-                training_ppl=ppl(logprobs), rollout_ppl=ppl(sampler_logprobs.to(logprobs.device)),
+                training_ppl=ppl(logprobs), rollout_ppl=ppl(sampler_logprobs),
                 rollout_chi2_token=(torch.where(mask, torch.exp(2 * b), 0.0).sum() / n - 1).item(),
                 rollout_chi2_seq=(torch.exp(2 * d.sum(1)[rows].clamp(-20.0, 20.0)).mean() - 1).item())
 
