@@ -43,10 +43,12 @@ def group_advantages(
     out_dtype = rewards.dtype if torch.is_tensor(rewards) and rewards.is_floating_point() else torch.float32
     r = _check_rewards(rewards, group_size)
     g = r.view(-1, group_size)
-    mean = g.mean(dim=1, keepdim=True)
-    std = g.std(dim=1, keepdim=True, correction=0)
+    # differences from each group's first reward are exact where the rewards are close (Sterbenz), so a small spread on
+    # a large offset is centred exactly; the mean of the rewards themselves would carry the offset's rounding into it
+    d = g - g[:, :1]
+    std = d.std(dim=1, keepdim=True, correction=0)
     flat = (g.amax(dim=1, keepdim=True) == g.amin(dim=1, keepdim=True))
-    centred = g - mean
+    centred = d - d.mean(dim=1, keepdim=True)
     if scale == "group": adv = centred / (std + eps)
     elif scale == "batch": adv = centred / (r.std(correction=0) + eps)
     else: adv = centred
