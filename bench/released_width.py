@@ -226,9 +226,8 @@ def table(report: dict) -> str:
 
 
 def commands(size: int, out: Path) -> dict:
-    "Write the 1-layer model (bf16) and run `glm-grpo evaluate` and `glm-grpo generate` on it at `size`, as users would."
+    "Write the 1-layer model (bf16 where the CPU has it natively, else float32) and run `glm-grpo evaluate` and `glm-grpo generate` on it at `size`, as users would."
     import shutil
-    import torch
     from PIL import Image
     from glm_grpo_nb.tiny import make_random_glm_image
     work = Path(tempfile.mkdtemp(prefix="released_width_"))
