@@ -66,12 +66,12 @@ def generate(
     check_hub_model(model, "generate: --model")
     import torch
     from diffusers import GlmImagePipeline
-    from glm_grpo_nb.hub import default_device, quiet_io
+    from glm_grpo_nb.hub import default_device, default_dtype, quiet_io
     from glm_grpo_nb.policy import apply_adapters   # also drops upstream notices known to be harmless
     device = default_device(device)
     # one dtype for every component: left alone, transformers loads the AR and glyph encoder in the dtype they were saved
     # in (the release: bf16) and diffusers the DiT and VAE in float32, and the glyph embeddings meet the DiT mismatched
-    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    dtype = default_dtype(device)
     with quiet_io(): pipe = GlmImagePipeline.from_pretrained(model, dtype=dtype)
     if adapters is not None: apply_adapters(pipe, adapters)
     pipe = pipe.to(device)

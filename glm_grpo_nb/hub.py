@@ -7,6 +7,7 @@ adapters go, and how folders are written and fingerprinted."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -24,11 +25,11 @@ from pathlib import Path
 __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'DEVICE_ENV', 'DIT_ADAPTER_FILE', 'DIT_ADAPTER_PLAIN', 'AR_LORA_MODULES',
            'AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'DIT_LORA_TARGETS_FF', 'WINDOW_SCHEDULES', 'MARKER', 'DEFAULT_SIZE',
            'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model', 'check_image_size', 'token_grid', 'default_device',
-           'same_device', 'cpu_bf16_native', 'compute_dtype', 'bf16_cost', 'check_cpu_dtype', 'atomic_write',
-           'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps', 'sde_window_at', 'folder_info',
-           'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder', 'remove_leftovers',
-           'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock', 'hush_harmless_notices',
-           'quiet_io']
+           'same_device', 'cpu_bf16_native', 'default_dtype', 'compute_dtype', 'bf16_cost', 'check_cpu_dtype',
+           'atomic_write', 'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps', 'sde_window_at',
+           'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder',
+           'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock',
+           'hush_harmless_notices', 'quiet_io']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -130,31 +131,32 @@ def same_device(a, b) -> bool:
     return a.type == "cpu" or (current if a.index is None else a.index) == (current if b.index is None else b.index)
 
 # %% ../nbs/00a_hub.ipynb #65602580
-_BF16_COST: list = []   # the measured (bf16 seconds, float32 seconds) of one product, once per process
-
 def cpu_bf16_native() -> bool:
     "Whether this process's CPU matrix products run bf16 natively (oneDNN's own check: AVX512-BF16 or AMX, and allowed)."
     import torch
     try: return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError): return "AVX512" in torch.backends.cpu.get_cpu_capability()
 
-def compute_dtype(device=None):
-    "The dtype to compute in on `device` when none is asked: bf16 on a GPU (and meta), on a CPU only where bf16 is native."
+def default_dtype(device=None):
+    "A model's dtype on `device` when none is asked: bf16 on CUDA, float32 elsewhere (exact, and fast on any CPU)."
     import torch
-    d = default_device(device)
-    return torch.bfloat16 if d.type != "cpu" or cpu_bf16_native() else torch.float32
+    return torch.bfloat16 if default_device(device).type == "cuda" else torch.float32
 
-def bf16_cost() -> tuple[float, float]:
-    "Seconds of one 128 x 512 by 512 x 512 product in bf16 and in float32 on this CPU, measured on first call."
+def compute_dtype(device=None):
+    "The dtype to build in on `device` when none is asked: bf16 on a GPU (and meta), on a CPU only where bf16 is native."
     import torch
-    if not _BF16_COST:
-        a, b, out = torch.randn(128, 512), torch.randn(512, 512), []
-        for dtype in (torch.bfloat16, torch.float32):
-            x, y = a.to(dtype), b.to(dtype)
-            x @ y   # once to warm up
-            start = time.perf_counter(); x @ y; out.append(time.perf_counter() - start)
-        _BF16_COST.extend(out)
-    return tuple(_BF16_COST)
+    return torch.bfloat16 if default_device(device).type != "cpu" or cpu_bf16_native() else torch.float32
+
+@functools.cache
+def bf16_cost() -> tuple[float, float]:
+    "Seconds of one 128 x 512 by 512 x 512 product in bf16 and in float32 on this CPU, measured once per process."
+    import torch
+    a, b, out = torch.randn(128, 512), torch.randn(512, 512), []
+    for dtype in (torch.bfloat16, torch.float32):
+        x, y = a.to(dtype), b.to(dtype)
+        x @ y   # once to warm up
+        start = time.perf_counter(); x @ y; out.append(time.perf_counter() - start)
+    return tuple(out)
 
 _warned_bf16: set = set()
 

@@ -38,12 +38,11 @@ class PipelineModel:
         self.device, self.torch_dtype = device, torch_dtype
 
     def _load(self):
-        import torch
         from diffusers import GlmImagePipeline
-        from glm_grpo_nb.hub import default_device, quiet_io
+        from glm_grpo_nb.hub import default_device, default_dtype, quiet_io
         from glm_grpo_nb.policy import apply_adapters
         self.device = default_device(self.device)
-        dtype = self.torch_dtype or (torch.bfloat16 if torch.device(self.device).type == "cuda" else torch.float32)
+        dtype = self.torch_dtype or default_dtype(self.device)
         with quiet_io(): pipe = GlmImagePipeline.from_pretrained(self.model, dtype=dtype)
         if self.adapters is not None: apply_adapters(pipe, self.adapters)
         pipe.set_progress_bar_config(disable=True)

@@ -66,6 +66,11 @@ def _as_mask(values, mask):
                          "pass one mask entry per token (or per denoising step).")
     return mask.bool()
 
+def _row_means(values, mask):
+    "Each row's mean over the entries its mask keeps (0 for a row that keeps none); a NaN in a masked entry stays out."
+    n = mask.to(values.dtype).sum(dim=1)
+    return torch.where(mask, values, values.new_zeros(())).sum(dim=1) / n.clamp(min=1)
+
 def aggregate(
     values: torch.Tensor,             # [N, T] per-token or per-step values
     mask: torch.Tensor | None = None,  # [N, T], True where the entry counts
@@ -81,10 +86,8 @@ def aggregate(
     if aggregation == "token_mean":
         return masked.sum() / w.sum().clamp(min=1)
     if aggregation == "sequence_mean":
-        n = w.sum(dim=1)
-        per_seq = masked.sum(dim=1) / n.clamp(min=1)
-        keep = n > 0
-        return (per_seq * keep).sum() / keep.sum().clamp(min=1)
+        keep = mask.any(dim=1)
+        return (_row_means(values, mask) * keep).sum() / keep.sum().clamp(min=1)
     raise ValueError(f"aggregate: aggregation must be 'token_mean' or 'sequence_mean', got {aggregation!r}.")
 
 # %% ../nbs/00_loss.ipynb #659a2c79
@@ -114,8 +117,7 @@ def clipped_surrogate(
     advantages = advantages.to(logprobs.dtype)
     log_ratio = logprobs - old_logprobs.detach()
     if importance_sampling_level == "sequence":   # GSPO: the mean of a sample's log-ratios over its entries, for each entry
-        summed = torch.where(mask, log_ratio, torch.zeros_like(log_ratio)).sum(1, keepdim=True)
-        log_ratio = (summed / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(logprobs)
+        log_ratio = _row_means(log_ratio, mask)[:, None].expand_as(logprobs)
     log_ratio = log_ratio.clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
@@ -186,12 +188,11 @@ def mismatch_metrics(
 ) -> dict:                            # rollout_kl, rollout_k3_kl, training_ppl, rollout_ppl, rollout_chi2_token, rollout_chi2_seq
     "How far the sampler's distribution is from the training forward's, estimated from tokens the sampler drew."
     d, mask = _sampled(logprobs, sampler_logprobs, mask)
-    n_tok = mask.sum(1)
-    rows, n = n_tok > 0, mask.sum()
+    rows, n = mask.any(1), mask.sum()   # the samples with tokens, the tokens
     if n == 0: return dict(rollout_kl=0.0, rollout_k3_kl=0.0, training_ppl=1.0, rollout_ppl=1.0,
                            rollout_chi2_token=0.0, rollout_chi2_seq=0.0)
     b = d.clamp(-20.0, 20.0)
-    ppl = lambda lp: torch.exp(-torch.where(mask, lp.detach().double(), 0.0).sum(1)[rows] / n_tok[rows]).mean().item()
+    ppl = lambda lp: torch.exp(-_row_means(lp.detach().double(), mask)[rows]).mean().item()
     return dict(rollout_kl=(-d.sum() / n).item(),                                               # k1: E_mu[log mu - log pi]
                 rollout_k3_kl=(torch.where(mask, torch.expm1(b) - b, 0.0).sum() / n).item(),   # k3: E_mu[w - 1 - log w]
                 training_ppl=ppl(logprobs), rollout_ppl=ppl(sampler_logprobs),
@@ -217,8 +218,8 @@ def rollout_weights(
     over = (w > threshold) & mask
     w = w.clamp(max=threshold) if kind == "truncate" else torch.where(over, torch.zeros_like(w), w)
     w = torch.where(mask, w, torch.zeros_like(w))
-    rows = mask.any(1)
-    hit = over.sum() / mask.sum().clamp(min=1) if level == "token" else over.any(1)[rows].double().mean() if rows.any() else over.sum()
+    if level == "token": hit = over.sum() / mask.sum().clamp(min=1)   # of the tokens
+    else: hit = over.any(1)[mask.any(1)].double().mean() if mask.any() else 0.0   # of the images with tokens
     metrics = {"is_weight_mean": (w.sum() / mask.sum().clamp(min=1)).item(),
                ("is_truncated_fraction" if kind == "truncate" else "is_masked_fraction"): float(hit)}
     return w.to(logprobs.dtype), metrics

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 from .hub import (AR_LORA_TARGETS, DIT_ADAPTER_FILE, DIT_ADAPTER_PLAIN, DIT_LORA_TARGETS,  # first: it quiets upstream
-                             atomic_folder, check_cpu_dtype, default_device, prefix_lora_keys, quiet_io, read_adapter, resolve_model)
+                             atomic_folder, check_cpu_dtype, default_device, default_dtype, prefix_lora_keys, quiet_io, read_adapter, resolve_model)
 import bitsandbytes as bnb
 import torch
 from fastcore.basics import patch
@@ -162,7 +162,7 @@ def from_pretrained(
     "Load every component of GLM-Image and attach the requested adapters."
     src = resolve_model(path_or_hub_id, "GlmImagePolicy.from_pretrained")
     device = _device(device)
-    dtype = torch_dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = torch_dtype or default_dtype(device)
     check_cpu_dtype(dtype, device, "GlmImagePolicy.from_pretrained")
     ar_kw = dict(dtype=dtype)
     if load_in_4bit:
@@ -212,9 +212,9 @@ def from_components(
     if not load_in_4bit and any(isinstance(m, bnb.nn.Linear4bit) for m in parts["vision_language_encoder"].modules()):
         raise ValueError("from_components: the components hold NF4 layers already; pass load_in_4bit=True.")
     for k in ("text_encoder", "vision_language_encoder", "transformer", "vae"): parts[k] = parts[k].to(device)
-    check_cpu_dtype(parts["transformer"].proj_out.weight.dtype, device, "GlmImagePolicy.from_components")
+    dtype = parts["transformer"].proj_out.weight.dtype   # the components' own
+    check_cpu_dtype(dtype, device, "GlmImagePolicy.from_components")
     if load_in_4bit:
-        dtype = parts["transformer"].proj_out.weight.dtype
         quantize_4bit(parts["vision_language_encoder"], dtype, device, lambda name, lin: not name.endswith("lm_head"))
         quantize_dit_4bit(parts["transformer"], dtype, device)
     return cls(**parts, ar_lora=ar_lora, dit_lora=dit_lora, gradient_checkpointing=gradient_checkpointing,
