@@ -21,11 +21,10 @@ def test_step_on_cuda_is_on_policy(tiny_path, tmp_path):
     from glm_grpo_nb.trainer import GRPOTrainer
     # float32 compute under NF4: the recomputation is exact up to float32 (bf16 on this tiny DiT moves a first ratio by
     # about 1e-3 through batch shapes alone: its latent is 1,024 numbers; at the released size, 1e-6, in bench.gpu_step)
-    policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8, dit_lora=8, torch_dtype=torch.float32,
-                                            verbose=False)
+    trainer = _trainer(tiny_path, torch_dtype=torch.float32, sde_window=[0, 1], micro_batch_size=3,
+                       output_dir=tmp_path / "run", save_every=1)
+    policy = trainer.policy
     assert policy.device.type == "cuda" and policy.sampling_copy   # the defaults on CUDA
-    trainer = GRPOTrainer(policy, RednessReward(), ["a red square", "a 'HI' sign"], group_size=4, prompts_per_step=2,
-                          num_inference_steps=4, sde_window=[0, 1], micro_batch_size=3, output_dir=tmp_path / "run", save_every=1)
     for _ in range(2):
         m = trainer.step().metrics
         assert not m["skipped"]
@@ -133,14 +132,8 @@ def test_nft_step_on_cuda(tiny_path, tmp_path):
 
 def test_cfg_free_flow_grpo_on_cuda(tiny_path):
     "Flow-GRPO with guidance 1.0, cps steps and the KL on the velocity, on CUDA: on-policy ratios stay 1."
-    from glm_grpo_nb.policy import GlmImagePolicy
-    from glm_grpo_nb.rewards import RednessReward
-    from glm_grpo_nb.trainer import GRPOTrainer
-    policy = GlmImagePolicy.from_pretrained(tiny_path, load_in_4bit=True, ar_lora=8, dit_lora=8, torch_dtype=torch.float32,
-                                            verbose=False)   # float32 compute: see test_step_on_cuda_is_on_policy
-    trainer = GRPOTrainer(policy, RednessReward(), ["a red square", "a 'HI' sign"], group_size=4, prompts_per_step=2,
-                          num_inference_steps=4, sde_window=[0, 1], sde_type="cps", guidance_scale=1.0, kl_coef=0.1,
-                          kl_type="velocity", train_ar=False)
+    trainer = _trainer(tiny_path, torch_dtype=torch.float32,   # float32 compute: see test_step_on_cuda_is_on_policy
+                       sde_window=[0, 1], sde_type="cps", guidance_scale=1.0, kl_coef=0.1, kl_type="velocity", train_ar=False)
     m = trainer.step().metrics
     assert abs(m["dit/first_ratio_min"] - 1) < 1e-4 and abs(m["dit/first_ratio_max"] - 1) < 1e-4 and m["dit/kl"] >= 0, m
 
