@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 
 # %% auto #0
-__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'ROLLOUT_IS_MODES', 'setting', 'renamed_settings', 'deprecated', 'GRPOConfig']
+__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'ROLLOUT_IS_MODES', 'setting', 'renamed_settings', 'deprecated', 'Settings',
+           'GRPOConfig']
 
 # %% ../nbs/05a_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
@@ -56,8 +57,59 @@ def _objective(name_or_objective):
     from glm_grpo_nb.objectives import objective_class
     return objective_class(name_or_objective)
 
+class Settings:
+    "What every run's settings share (GRPOConfig, SFTConfig): checks that name the setting, copies with changes, plain values."
+    def _check_choices(self):
+        "Every setting with few allowed values holds one of them (an objective object is checked by its own class)."
+        for f in dataclasses.fields(self):
+            choices, v = f.metadata["choices"], getattr(self, f.name)
+            if choices and v not in choices and v is not None and not (f.name == "dit_objective" and not isinstance(v, str)):
+                raise self._bad(f.name, "one of " + ", ".join(map(repr, choices)))
+
+    def _check_trackers(self):
+        trackers = [t.strip() for t in str(self.report_to).split(",")]
+        if not isinstance(self.report_to, str) or not set(trackers) <= set(TRACKERS) or ("none" in trackers and len(trackers) > 1):
+            raise self._bad("report_to", f"one or more of {', '.join(TRACKERS)} separated by commas")
+
+    @staticmethod
+    def _finite(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    def _bad(self, name, want):
+        return ValueError(f"{type(self).__name__}: {name} must be {want}, got {getattr(self, name)!r}.")
+    def _integer(self, name, low):
+        v = getattr(self, name)
+        if v is None and self.__dataclass_fields__[name].default is None: return
+        if isinstance(v, bool) or not isinstance(v, int) or v < low: raise self._bad(name, f"an int >= {low}")
+    def _number(self, name, low, strict):
+        v = getattr(self, name)
+        if v is None and self.__dataclass_fields__[name].default is None: return
+        if not self._finite(v) or v < low or (strict and v == low):
+            raise self._bad(name, f"a finite number {'>' if strict else '>='} {low}")
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        "The settings a checkpoint stored (`to_dict`), old names included, as a validated config."
+        return cls(**{RENAMED.get(k, k): v for k, v in d.items()})
+
+    def replace(self, **changes):
+        "A copy with some settings changed (and validated); unknown names are an error that lists the known ones."
+        name = type(self).__name__
+        changes = renamed_settings(changes, name)
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown setting(s) {', '.join(unknown)}; {name} has "
+                             f"{', '.join(f.name for f in dataclasses.fields(self))}.")
+        for name in getattr(self, "_defaulted", ()):   # a setting left to its default follows what it depends on
+            if name not in changes: changes[name] = None
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        "The settings as plain values (what a checkpoint stores); an objective object by its name."
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if "dit_objective" in d and not isinstance(d["dit_objective"], str): d["dit_objective"] = d["dit_objective"].name
+        return {k: list(v) if isinstance(v, list) else v for k, v in d.items()}
+
 @dataclass
-class GRPOConfig:
+class GRPOConfig(Settings):
     "Every setting of a GRPO run; validated when made, read by the trainer, stored in checkpoints, offered by the CLI."
     # sampling
     group_size: int = setting(4, "samples per prompt (G); advantages compare the samples of one prompt")
@@ -193,10 +245,7 @@ class GRPOConfig:
         if "updates_per_batch" in self._defaulted and isinstance(self.prompts_per_step, int) and self.prompts_per_step >= 1:
             # the recipe's optimiser steps, or the most that share this step's prompts out evenly
             self.updates_per_batch = max(d for d in range(1, self.updates_per_batch + 1) if self.prompts_per_step % d == 0)
-        for f in dataclasses.fields(self):
-            choices, v = f.metadata["choices"], getattr(self, f.name)
-            if choices and v not in choices and v is not None and not (f.name == "dit_objective" and not isinstance(v, str)):
-                raise self._bad(f.name, "one of " + ", ".join(map(repr, choices)))
+        self._check_choices()
         for name, low in (("group_size", 2), ("prompts_per_step", 1), ("top_k", 0), ("num_inference_steps", 1),
                           ("num_inner_epochs", 1), ("micro_batch_size", 1), ("decode_batch", 1),
                           ("ar_sample_batch", 1), ("dit_sample_batch", 1), ("eval_every", 0), ("save_every", 0),
@@ -205,9 +254,7 @@ class GRPOConfig:
                           ("sde_window_stride", 1), ("awm_timesteps", 1), ("dgpo_timesteps", 1), ("log_images_every", 0),
                           ("updates_per_batch", 1), ("dgpo_trunc_steps", 0), ("dgpo_switch_ema_step", 0)):
             self._integer(name, low)
-        trackers = [t.strip() for t in str(self.report_to).split(",")]
-        if not isinstance(self.report_to, str) or not set(trackers) <= set(TRACKERS) or ("none" in trackers and len(trackers) > 1):
-            raise self._bad("report_to", f"one or more of {', '.join(TRACKERS)} separated by commas")
+        self._check_trackers()
         for name, low, strict in (("temperature", 0, True), ("noise_level", 0, False), ("guidance_scale", 0, False),
                                   ("lr", 0, True), ("ar_lr", 0, False), ("dit_lr", 0, False), ("clip_range", 0, True),
                                   ("clip_range_high", 0, True), ("kl_coef", 0, False), ("max_grad_norm", 0, True),
@@ -239,20 +286,6 @@ class GRPOConfig:
                              IMAGE_BLOCK if self.width is None else self.width, "GRPOConfig")
         if self.sde_window is not None: self.sde_window = sde_steps(self.sde_window, self.num_inference_steps)
 
-    @staticmethod
-    def _finite(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    def _bad(self, name, want):
-        return ValueError(f"GRPOConfig: {name} must be {want}, got {getattr(self, name)!r}.")
-    def _integer(self, name, low):
-        v = getattr(self, name)
-        if v is None and self.__dataclass_fields__[name].default is None: return
-        if isinstance(v, bool) or not isinstance(v, int) or v < low: raise self._bad(name, f"an int >= {low}")
-    def _number(self, name, low, strict):
-        v = getattr(self, name)
-        if v is None and self.__dataclass_fields__[name].default is None: return
-        if not self._finite(v) or v < low or (strict and v == low):
-            raise self._bad(name, f"a finite number {'>' if strict else '>='} {low}")
-
     @property
     def num_steps(self) -> int:
         "Old name of `num_inference_steps` (warns once)."
@@ -264,29 +297,8 @@ class GRPOConfig:
         return sde_window_at(self.sde_window, self.num_inference_steps, step, self.sde_window_schedule,
                              self.sde_window_every, self.sde_window_stride, self.seed)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "GRPOConfig":
-        "The settings a checkpoint stored (`to_dict`), old names included, as a validated config."
-        return cls(**{RENAMED.get(k, k): v for k, v in d.items()})
-
-    def replace(self, **changes) -> "GRPOConfig":
-        "A copy with some settings changed (and validated); unknown names are an error that lists the known ones."
-        changes = renamed_settings(changes, "GRPOConfig")
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            raise ValueError(f"unknown setting(s) {', '.join(unknown)}; GRPOConfig has "
-                             f"{', '.join(f.name for f in dataclasses.fields(self))}.")
-        for name in getattr(self, "_defaulted", ()):   # a setting left to its default follows what it depends on
-            if name not in changes: changes[name] = None
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        "The settings as plain values (what a checkpoint stores); an objective object by its name."
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if not isinstance(d["dit_objective"], str): d["dit_objective"] = d["dit_objective"].name
-        return {k: list(v) if isinstance(v, list) else v for k, v in d.items()}
-
 _dataclass_init = GRPOConfig.__init__
 @functools.wraps(_dataclass_init)
 def _init(self, *args, **settings): _dataclass_init(self, *args, **renamed_settings(settings, "GRPOConfig"))
 GRPOConfig.__init__ = _init   # GRPOConfig(num_steps=...) still works
+

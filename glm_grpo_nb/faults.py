@@ -79,9 +79,9 @@ def _everywhere(self: FaultTolerance, ok: bool) -> bool:
 def _count_skip(self: FaultTolerance, why):
     "Count a skipped step and say why (`skip_reason`, a warning); stop after `max_consecutive_skips` in a row."
     self.consecutive_skips += 1; self.skipped_total += 1; self.skip_reason = str(why)
-    warnings.warn(f"GRPO step {self.step_count}: update skipped, {why}; weights and optimiser state are untouched.")
+    warnings.warn(f"{self.kind} step {self.step_count}: update skipped, {why}; weights and optimiser state are untouched.")
     if self.consecutive_skips > self.config.max_consecutive_skips:
-        raise RuntimeError(f"{self.consecutive_skips} GRPO updates in a row were skipped ({why}). Likely causes: a "
+        raise RuntimeError(f"{self.consecutive_skips} {self.kind} updates in a row were skipped ({why}). Likely causes: a "
                            "learning rate too high for the adapters, a reward that returns NaN/inf for some images, or "
                            "half-precision overflow (try torch_dtype=torch.bfloat16 or float32).")
 
@@ -183,7 +183,7 @@ def _retry_oom(self: FaultTolerance, phase: str, n: int, run, before_retry=None)
                               f"{self._plan_command()} shows what fits.")
         self.config = self.config.replace(**{name: size // 2})
         self._lowered[name] = size // 2
-        warnings.warn(f"GRPO step {self.step_count}: out of memory in {phase} with {name}={size}; retrying with "
+        warnings.warn(f"{self.kind} step {self.step_count}: out of memory in {phase} with {name}={size}; retrying with "
                       f"{name}={size // 2}, kept for the rest of the run.")
         if before_retry is not None: before_retry()
 

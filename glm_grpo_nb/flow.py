@@ -158,6 +158,15 @@ def _latent_stats(self: GlmImagePolicy, dtype, device):
             self.on_device(torch.tensor(c.latents_std).view(1, -1, 1, 1), dtype))
 
 @patch
+def image_latents(self: GlmImagePolicy, images: list[Image.Image], height: int, width: int, dtype=None) -> torch.Tensor:
+    "[n, C, h, w] the VAE's latents of `images` at height x width, normalised as the DiT reads them (no gradient)."
+    # the latent distribution's mode: the same latents every time, as the i2i source's are
+    dtype = self.dit_dtype if dtype is None else dtype
+    pix = self.on_device(self.pipeline.image_processor.preprocess(images, height=height, width=width), dtype)
+    mean, std = self._latent_stats(dtype, self.device)
+    with torch.no_grad(): return (self.vae.encode(pix).latent_dist.mode() - mean) / std
+
+@patch
 def _dit_state(self: GlmImagePolicy) -> tuple:
     "What the DiT computes besides its inputs: its adapters on or off, and each LoRA weight's version (bumped by any write)."
     lora = [(id(p), p._version) for n, p in self.transformer.named_parameters() if "lora_" in n]
@@ -178,7 +187,6 @@ def _source_kv(self: GlmImagePolicy, rollout: TokenRollout, i: int, dtype, grad:
         hit = memo[1].get(key)
         if hit is not None and torch.equal(hit[1], codes): return hit[2]
     pipe, dev = self.pipeline, self.device
-    mean, std = self._latent_stats(dtype, dev)
     cache = GlmImageKVCache(num_layers=self.transformer.config.num_layers)
     cache.set_mode("write")
     mult = pipe.vae_scale_factor * self.transformer.config.patch_size
@@ -188,11 +196,10 @@ def _source_kv(self: GlmImagePolicy, rollout: TokenRollout, i: int, dtype, grad:
         for im, code, thw in zip(rollout.images[i], torch.split(codes, rollout.source_grid_thw[i].prod(-1).tolist()),
                                  rollout.source_grid_thw[i].tolist()):
             h, w = (im.height // mult) * mult, (im.width // mult) * mult
-            pix = self.on_device(pipe.image_processor.preprocess(im, height=h, width=w), dtype)
             prior = self.on_device(GlmImagePipeline._upsample_token_ids(code, thw[1], thw[2])[0])
-            with torch.no_grad(): lat = self.vae.encode(pix).latent_dist.mode()
+            lat = self.image_latents([im], h, w, dtype)
             with torch.set_grad_enabled(grad):
-                self.transformer(hidden_states=(lat - mean) / std, encoder_hidden_states=torch.zeros(1, 0, self.transformer.config.text_embed_dim, device=dev, dtype=dtype),
+                self.transformer(hidden_states=lat, encoder_hidden_states=torch.zeros(1, 0, self.transformer.config.text_embed_dim, device=dev, dtype=dtype),
                                  prior_token_id=prior, prior_token_drop=torch.zeros_like(prior, dtype=torch.bool),
                                  timestep=torch.zeros(1, device=dev), target_size=torch.tensor([[h, w]], device=dev),
                                  crop_coords=torch.zeros(1, 2, device=dev), kv_caches=cache)

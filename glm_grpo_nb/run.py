@@ -6,6 +6,7 @@
 # %% ../nbs/05e_run.ipynb #b2e00004
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import signal
@@ -23,9 +24,9 @@ from .checkpoint import (checkpoints, damaged, identity_differences, read_checkp
                                     resolve_checkpoint, rng_state, run_identity, set_rng_state, truncate_metrics,
                                     write_checkpoint)
 from .config import DIT_OBJECTIVES, GRPOConfig, renamed_settings
-from .data import PromptDataset
+from .data import PromptDataset, open_image
 from .faults import TrainingStopped, _StopOnSignals
-from .hub import RunLock, atomic_write, mark_folder, remove_leftovers
+from .hub import RunLock, atomic_write, mark_folder, model_size, remove_leftovers, same_device
 from .flow import concat_trajectories
 from .policy import GlmImagePolicy, mix_seed, to_host
 from .rewards import evaluate_reward
@@ -36,7 +37,15 @@ __all__ = ['RUN_CONFIG', 'PACKAGES', 'RunLoop', 'FitSummary']
 
 # %% ../nbs/05e_run.ipynb #b2e00006
 class RunLoop:
-    "The trainer's run (a base of GRPOTrainer): fit, evaluate, save and resume."
+    "The trainer's run (a base of GRPOTrainer and SFTTrainer): fit, evaluate, save and resume."
+    kind = "GRPO"        # what a step is called in progress bars and warnings
+    command = "train"    # the glm-grpo command that runs (and continues) such a run
+    config_class = None  # the settings' dataclass a checkpoint's settings are read back into (GRPOConfig by default)
+
+    @classmethod
+    def _new(cls, policy, reward_fn, dataset, **kw):
+        "The trainer `resume` continues (a trainer without a reward to train on takes no reward_fn)."
+        return cls(policy, reward_fn, dataset, **kw)
 
 def _chunks(n: int, size: int | None) -> list[list[int]]:
     "Rows 0..n-1 in consecutive chunks of `size` (None: one chunk)."
@@ -56,19 +65,98 @@ def _columns(dataset: PromptDataset, idx):
     columns = {c: [r[c] for r in rows] for c in dataset.column_names}
     return prompts, targets, sources, columns
 
+@patch
+def _open_run(self: RunLoop, output_dir, log_with, accelerator, resuming: bool):
+    "The accelerator, the checks of policy and data, output_dir claimed, the optimiser over the trained halves, counters."
+    # returns each half's trainable (name, parameter) pairs; every run sets itself up here, in this order
+    from accelerate import Accelerator
+    c, policy = self.config, self.policy
+    project_dir, cpu = (str(output_dir) if output_dir is not None else None), policy.device.type == "cpu"
+    self.accelerator = Accelerator(log_with=log_with, project_dir=project_dir, cpu=cpu) if accelerator is None else accelerator
+    self._check_policy_and_data()
+    self.output_dir, self._lock = (Path(output_dir) if output_dir is not None else None), None
+    if self.output_dir is not None and self.accelerator.is_main_process: self._claim_output_dir(resuming)
+    named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
+    ar_named, dit_named = ([(n, p) for n, p in named if n.startswith(k)] for k in ("vision_language_encoder.", "transformer."))
+    self.ar_params, self.dit_params = [p for _, p in ar_named], [p for _, p in dit_named]
+    lr_of = lambda half_lr: c.lr if half_lr is None else half_lr   # 0.0 is a learning rate, not "unset"
+    groups = []
+    if c.train_ar: groups.append({"params": self.ar_params, "lr": lr_of(c.ar_lr), "name": "ar"})
+    if c.train_dit: groups.append({"params": self.dit_params, "lr": lr_of(c.dit_lr), "name": "dit"})
+    if c.optimizer == "adamw": self.optimizer = torch.optim.AdamW(groups, weight_decay=c.weight_decay, eps=c.adam_epsilon)
+    else:
+        import bitsandbytes as bnb
+        self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=c.weight_decay, eps=c.adam_epsilon)
+    self.step_count, self.history, self.consecutive_skips, self.skipped_total = 0, [], 0, 0
+    self.optimizer_steps = 0   # optimiser steps taken (updates_per_batch per pass): the objectives' decay counters
+    self._finishing, self._lowered = False, {}   # the step is updating (see `fit`); batches lowered this step
+    self.results = collections.deque(maxlen=c.keep_results)
+    return ar_named, dit_named
+
+@patch
+def _default_size(self: RunLoop):
+    "(width, height) when not given: the dataset's resize, its first target's size, the model's own, or 1024²."
+    if self.dataset.size: return self.dataset.size
+    t = next((e.target for e in self.dataset.examples if e.target), None)
+    if t is not None:
+        with open_image(t) as im: return im.size
+    return model_size(self.policy.source)
+
+@patch
+def _check_policy(self: RunLoop):
+    "The policy is on this process's device and has an adapter for each half that trains."
+    c, p, name = self.config, self.policy, type(self).__name__
+    if not same_device(p.device, self.accelerator.device):   # e.g. every process of a launch on cuda:0
+        raise ValueError(f"{name}: the policy is on {p.device}, this process's accelerator on {self.accelerator.device}; "
+                         "load the policy with device=accelerator.device, or pass Accelerator(cpu=True) for a CPU policy.")
+    if c.train_ar and p.ar_peft is None:
+        raise ValueError(f"{name}: train_ar=True but the policy has no AR adapter; load it with ar_lora=, "
+                         "or pass train_ar=False.")
+    if c.train_dit and not p.has_dit_lora:
+        raise ValueError(f"{name}: train_dit=True but the policy has no DiT adapter; load it with dit_lora=, "
+                         "or pass train_dit=False.")
+    if self.dataset.has_sources and len({len(e.sources or []) for e in self.dataset.examples}) != 1:
+        raise ValueError(f"{name}: every row of an i2i dataset needs source images.")
+
+@patch
+def _check_images(self: RunLoop, data: PromptDataset):
+    "Targets at the size trained at, sources of one size (read from their headers): a clear error naming the file."
+    c, name = self.config, type(self).__name__
+    if data.size is not None and data.has_targets and data.size != (c.width, c.height):
+        raise ValueError(f"{name}: the dataset resizes images to {data.size[0]}x{data.size[1]} but images are "
+                         f"generated at {c.width}x{c.height}; build it with resize=({c.width}, {c.height}).")
+    if data.size is not None: return
+    for e in data.examples:
+        if e.target is None: continue
+        with open_image(e.target) as im:
+            if im.size != (c.width, c.height):
+                raise ValueError(f"{name}: target {e.target} is {im.size[0]}x{im.size[1]} but images are "
+                                 f"generated at {c.width}x{c.height}; build the dataset with "
+                                 f"resize=({c.width}, {c.height}).")
+    sizes = {}
+    for e in data.examples:
+        for s in e.sources or []:
+            with open_image(s) as im: sizes.setdefault(im.size, s)
+    if len(sizes) > 1:
+        (w1, h1), (w2, h2) = list(sizes)[:2]
+        raise ValueError(f"{name}: source images have different sizes ({list(sizes.values())[0]} is "
+                         f"{w1}x{h1}, {list(sizes.values())[1]} is {w2}x{h2}); rows of one step are encoded "
+                         "together, so build the dataset with resize=(width, height).")
+
 
 # %% ../nbs/05e_run.ipynb #b2e00007
 @patch
 def _claim_output_dir(self: RunLoop, resuming: bool):
     "Mark output_dir as a run folder, take its lock, and refuse to start a second run on top of an earlier one."
-    d = mark_folder(self.output_dir, "run", "GRPOTrainer: output_dir")
+    name = type(self).__name__
+    d = mark_folder(self.output_dir, "run", f"{name}: output_dir")
     self._lock = RunLock(d)
     weakref.finalize(self, self._lock.release)
     metrics = d / "metrics.jsonl"
     if not resuming and (checkpoints(d / "checkpoints") or (metrics.exists() and metrics.stat().st_size)):
         self._lock.release()
-        raise ValueError(f"GRPOTrainer: output_dir {d} already holds a run (metrics.jsonl or checkpoints); continue "
-                         f"it with GRPOTrainer.resume({str(d)!r}, ...), or pass a new output_dir.")
+        raise ValueError(f"{name}: output_dir {d} already holds a run (metrics.jsonl or checkpoints); continue "
+                         f"it with {name}.resume({str(d)!r}, ...), or pass a new output_dir.")
     if not (d / RUN_CONFIG).exists(): self._write_run_config()   # a resumed run keeps the record of how it began
 
 RUN_CONFIG = "run_config.json"
@@ -104,7 +192,7 @@ def _start_trackers(self: RunLoop, log_with=None):
     from accelerate.tracking import filter_trackers
     acc = self.accelerator
     if acc.logging_dir is None and any(n in ("tensorboard", "all") for n in names):
-        raise ValueError("GRPOTrainer: report_to tensorboard writes under the run's folder; pass output_dir= (or an "
+        raise ValueError(f"{type(self).__name__}: report_to tensorboard writes under the run's folder; pass output_dir= (or an "
                          "Accelerator with project_dir=).")
     acc.log_with = list(dict.fromkeys([*acc.log_with, *filter_trackers(names, acc.logging_dir)]))   # a given accelerator's too
     run = self.config.run_name or (self.output_dir.name if self.output_dir is not None else "glm_grpo_nb")
@@ -119,7 +207,7 @@ def _log(self: RunLoop, res: StepResult):
            **{f"seconds/{k}": v for k, v in res.seconds.items()}}
     self._write_row({**row, "skip_reason": res.skip_reason} if res.skip_reason else row)   # what was not finite, where
     self.history.append(row)
-    every = self.config.log_images_every
+    every = getattr(self.config, "log_images_every", 0)   # a run whose steps make images
     if every and res.step % every == 0: self._log_samples(res)
 
 @patch
@@ -162,7 +250,15 @@ class FitSummary(list):
     stopped_by: str | None = None
     def __repr__(self):
         rows = [r for r in self if "reward_mean" in r]
-        if not rows: return f"fit: {len(self)} steps" + (f", stopped by {self.stopped_by}" if self.stopped_by else "")
+        stopped = f", stopped by {self.stopped_by}" if self.stopped_by else ""
+        losses = [k for k in ("ar/sft_loss", "dit/sft_loss") if any(k in r for r in self)]
+        if not rows and losses:   # a supervised run: its losses, first steps against last
+            trained = [r for r in self if any(k in r for k in losses)]
+            k = max(1, len(trained) // 4)
+            mean = lambda rs, key: sum(r[key] for r in rs) / len(rs)
+            return f"fit: {len(self)} steps{stopped}\n" + ", ".join(
+                f"{key} {mean(trained[:k], key):.4f} (first {k}) -> {mean(trained[-k:], key):.4f} (last {k})" for key in losses)
+        if not rows: return f"fit: {len(self)} steps" + stopped
         k = max(1, len(rows) // 4)
         mean = lambda rs, key: sum(r.get(key, 0.0) for r in rs) / len(rs)
         secs = [sum(v for key, v in r.items() if key.startswith("seconds/")) for r in rows]
@@ -180,7 +276,7 @@ class FitSummary(list):
 @patch
 def fit(self: RunLoop, num_steps: int, callback=None, progress: bool = True, live: bool | None = None,
         log_every: int = 10) -> FitSummary:
-    "Run `num_steps` GRPO steps; returns their metrics. `callback(trainer, step_result)` runs after each step."
+    "Run `num_steps` steps; returns their metrics. `callback(trainer, step_result)` runs after each step."
     # Ctrl-C or SIGTERM: the step in flight is undone (or finished, if updating), the last completed step is
     # checkpointed when there is an output_dir, and one line says so; then, outside a notebook, TrainingStopped
     # (exit code 130 / 143) is raised, and in a notebook fit returns with the trainer ready to continue.
@@ -192,24 +288,17 @@ def fit(self: RunLoop, num_steps: int, callback=None, progress: bool = True, liv
     show = progress and main
     notebook = in_notebook()
     plot = LivePlot() if show and (live if live is not None else notebook) else None
-    bar = tqdm(range(num_steps), desc="GRPO", disable=not show)
+    bar = tqdm(range(num_steps), desc=self.kind, disable=not show)
     agreed = None   # the signal every process stops for (with several processes, any one's)
     with _StopOnSignals(self) as stop:
         try:
             for i in bar:
                 try:
                     res = self.step()
-                    m = res.metrics
-                    kl = m.get('ar/approx_kl', 0.0) + m.get('dit/approx_kl', 0.0)
-                    kl = kl if abs(kl) > 1e-9 else 0.0   # on-policy it is 0 up to rounding
-                    parts = {k[7:]: v for k, v in m.items() if k.startswith("reward/")}
-                    raw = (" (" + ", ".join(f"{k} {v:.4f}" for k, v in parts.items()) + ")") if len(parts) > 1 else ""
-                    bar.set_postfix(reward=f"{m.get('reward_mean', float('nan')):.4f}", kl=f"{kl:.2e}")
+                    postfix, line = self._progress(res)
+                    bar.set_postfix(**postfix)
                     if plot is not None: plot(self, res)
-                    elif show and not notebook and log_every and (i + 1) % log_every == 0:
-                        tqdm.write(f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}{raw}, "
-                                   f"approx KL {kl:.2e}, clip {m.get('ar/clip_fraction', 0.0) + m.get('dit/clip_fraction', 0.0):.3f}, "
-                                   f"{sum(res.seconds.values()):.2f} s")
+                    elif show and not notebook and log_every and (i + 1) % log_every == 0: tqdm.write(line)
                     if c.eval_every and self.eval_dataset is not None and self.step_count % c.eval_every == 0:
                         ev = self.evaluate()
                         self._write_row({"step": res.step, **ev})   # a row of its own in metrics.jsonl
@@ -231,6 +320,19 @@ def fit(self: RunLoop, num_steps: int, callback=None, progress: bool = True, liv
         return self._stopped(agreed, summary, notebook)
 
 @patch
+def _progress(self: RunLoop, res) -> tuple[dict, str]:
+    "What the progress bar shows after a step, and the line printed every `log_every` steps outside a notebook."
+    m = res.metrics
+    kl = m.get('ar/approx_kl', 0.0) + m.get('dit/approx_kl', 0.0)
+    kl = kl if abs(kl) > 1e-9 else 0.0   # on-policy it is 0 up to rounding
+    parts = {k[7:]: v for k, v in m.items() if k.startswith("reward/")}
+    raw = (" (" + ", ".join(f"{k} {v:.4f}" for k, v in parts.items()) + ")") if len(parts) > 1 else ""
+    return ({"reward": f"{m.get('reward_mean', float('nan')):.4f}", "kl": f"{kl:.2e}"},
+            f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}{raw}, "
+            f"approx KL {kl:.2e}, clip {m.get('ar/clip_fraction', 0.0) + m.get('dit/clip_fraction', 0.0):.3f}, "
+            f"{sum(res.seconds.values()):.2f} s")
+
+@patch
 def _checkpoint_of_this_step(self: RunLoop) -> tuple[Path | None, Path | None]:
     "(the latest checkpoint, or None; it again if it is of the last completed step, e.g. save_every just wrote it)."
     done = checkpoints(self.output_dir / "checkpoints")
@@ -243,7 +345,7 @@ def _save_after_error(self: RunLoop, error: Exception) -> Path | None:
     if self.output_dir is None or self.step_count == 0: return None
     latest, saved = self._checkpoint_of_this_step()   # saved: when save_every just wrote this step
     what = f"{type(error).__name__} after {self.step_count} steps"
-    how = (f"continue with GRPOTrainer.resume({str(self.output_dir)!r}, ...) or the same glm-grpo train command once "
+    how = (f"continue with {type(self).__name__}.resume({str(self.output_dir)!r}, ...) or the same glm-grpo {self.command} command once "
            "the cause is fixed")
     if saved is None and self.accelerator.num_processes > 1:   # the others may be waiting in a collective: a save would wait forever
         how = f"with several processes nothing more is saved after an error (latest checkpoint: {latest}); {how}"
@@ -276,8 +378,8 @@ def _stopped(self: RunLoop, signum: int, summary: FitSummary, notebook: bool):
         on_disk = self._checkpoint_of_this_step()[1] if self.accelerator.num_processes == 1 else None
         saved = on_disk or self.save()
     if self.accelerator.is_main_process:
-        how = (f"saved {saved}; continue with GRPOTrainer.resume({str(self.output_dir)!r}, ...) or the same glm-grpo "
-               "train command" if saved else "nothing saved (no output_dir); call fit() again to continue")
+        how = (f"saved {saved}; continue with {type(self).__name__}.resume({str(self.output_dir)!r}, ...) or the same glm-grpo "
+               f"{self.command} command" if saved else "nothing saved (no output_dir); call fit() again to continue")
         print(f"{name}: stopped after {self.step_count} steps ({len(summary)} in this fit); {how}.", file=sys.stderr, flush=True)
     if notebook: return summary
     self.close()
@@ -382,10 +484,10 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
     if "output_dir" not in overrides and ckpt.parent.name == "checkpoints": overrides["output_dir"] = ckpt.parent.parent
     stored = dict(state["config"])   # an objective object is stored by its name: the one passed here takes its place
     if "dit_objective" in overrides: stored["dit_objective"] = overrides["dit_objective"]
-    elif stored.get("dit_objective", "flow_grpo") not in DIT_OBJECTIVES:
+    elif "dit_objective" in stored and stored["dit_objective"] not in DIT_OBJECTIVES:
         raise ValueError(f"resume: {ckpt} was trained with dit_objective {stored['dit_objective']!r}, an objective of "
                          "your own; pass dit_objective=<that objective object> to resume it.")
-    try: stored = GRPOConfig.from_dict(stored)
+    try: stored = (cls.config_class or GRPOConfig).from_dict(stored)
     except (TypeError, ValueError, KeyError) as e: raise damaged(ckpt / "trainer_state.json", e) from None
     settings = {k: v for k, v in overrides.items() if k in stored.to_dict()}
     dataset = _as_dataset(dataset)
@@ -395,7 +497,7 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
         raise ValueError(f"resume: {ckpt} belongs to a run with another " + ", ".join(refused) + ":\n  "
                          + "\n  ".join(refused.values()) + f"\nResume with what the run was trained with, or pass "
                          f"allow_changes={tuple(refused)} to continue it anyway.")
-    trainer = cls(policy, reward_fn, dataset, config=stored, _resuming=True, **overrides)
+    trainer = cls._new(policy, reward_fn, dataset, config=stored, _resuming=True, **overrides)
     groups = [len(g["params"]) for g in opt.get("param_groups", [])]
     if groups != [len(g["params"]) for g in trainer.optimizer.param_groups]:
         trainer.close()
@@ -406,7 +508,7 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
     for o in trainer.objectives.values(): o.load_checkpoint(lambda name: read_tensors(ckpt, name), ckpt)   # e.g. NFT's old adapter
     trainer.step_count, trainer.history = state["step"], state["history"]
     # a checkpoint written before optimiser steps were counted: one per pass over each step's batch
-    trainer.optimizer_steps = state.get("optimizer_steps", state["step"] * stored.num_inner_epochs)
+    trainer.optimizer_steps = state.get("optimizer_steps", state["step"] * getattr(stored, "num_inner_epochs", 1))
     trainer.consecutive_skips, trainer.skipped_total = state["consecutive_skips"], state["skipped_total"]
     trainer.changed_settings = {k: (getattr(stored, k), v) for k, v in settings.items() if getattr(stored, k) != v}
     set_rng_state(state["rng"])

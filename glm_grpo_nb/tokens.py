@@ -239,6 +239,14 @@ def _check_prompts(prompts, group_size, height, width):
 
 # %% ../nbs/02a_tokens.ipynb #55bc60bf
 @patch
+def _image_codes(self: GlmImagePolicy, pixel_values: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+    "[sum of h*w] the codes GLM-Image's own tokenizer gives the images of `pixel_values` (the processor's), grid by grid."
+    model = self.ar.model
+    with torch.no_grad():   # get_image_features' pooler_output is a list (one per image): passed on as it is
+        feats = model.get_image_features(self.on_device(pixel_values), self.on_device(grids)).pooler_output
+        return to_host(model.get_image_tokens(feats))
+
+@patch
 def _encode_prompts(self: GlmImagePolicy, prompts, height, width, images):
     msgs = [[{"role": "user", "content": [{"type": "image", "image": im} for im in (images[i] if images else [])]
               + [{"type": "text", "text": p}]}] for i, p in enumerate(prompts)]
@@ -257,9 +265,7 @@ def _encode_prompts(self: GlmImagePolicy, prompts, height, width, images):
                 raise ValueError(f"sample_tokens: source image {j} of prompt {i} ({images[i][j].width}x{images[i][j].height}) "
                                  f"was resized by the processor to a {g[1]}x{g[2]} grid instead of {want[1]}x{want[2]}; "
                                  "use source images between the processor's minimum and maximum size.")
-        with torch.no_grad():
-            feats = model.get_image_features(self.on_device(enc["pixel_values"]), self.on_device(src_grids)).pooler_output
-            codes = to_host(model.get_image_tokens(feats))
+        codes = self._image_codes(enc["pixel_values"], src_grids)
         input_ids = input_ids.masked_scatter(input_ids == self.image_token_id, codes)
         sizes = src_grids.prod(-1).view(len(prompts), n_src).sum(-1).tolist()
         source_ids = list(torch.split(codes, sizes))

@@ -5,7 +5,6 @@
 # %% ../nbs/05_trainer.ipynb #072a3a96
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,10 +13,8 @@ from fastcore.basics import patch
 from PIL import Image
 
 from .config import GRPOConfig
-from .data import open_image
 from .card import ModelCard
 from .faults import FaultTolerance, OutOfMemory, TrainingStopped, is_out_of_memory  # noqa: F401 (documented here too)
-from .hub import model_size, same_device
 from .objectives import TokenGRPO, make_objective
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows
 from .rewards import (NonFiniteRewardError, RewardOutput, check_reward_signature, evaluate_reward,
@@ -125,7 +122,6 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         _resuming: bool = False,     # set by `resume` only: output_dir may then hold this run's files
         **settings,                  # GRPOConfig fields, e.g. group_size=4, lr=1e-4
     ):
-        from accelerate import Accelerator
         self.policy, self.reward_fn = policy, reward_fn
         self.ar_reward_fn = reward_fn if ar_reward_fn is None else ar_reward_fn
         self.dit_reward_fn = reward_fn if dit_reward_fn is None else dit_reward_fn
@@ -137,55 +133,17 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
             w, h = self._default_size()
             c = c.replace(height=h if c.height is None else c.height, width=w if c.width is None else c.width)
         self.config = c
-        project_dir, cpu = (str(output_dir) if output_dir is not None else None), policy.device.type == "cpu"
-        self.accelerator = Accelerator(log_with=log_with, project_dir=project_dir, cpu=cpu) if accelerator is None else accelerator
-        self._check_policy_and_data()
-        self.output_dir, self._lock = (Path(output_dir) if output_dir is not None else None), None
-        if self.output_dir is not None and self.accelerator.is_main_process: self._claim_output_dir(_resuming)
-        named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
-        ar_named, dit_named = ([(n, p) for n, p in named if n.startswith(k)] for k in ("vision_language_encoder.", "transformer."))
-        self.ar_params, self.dit_params = [p for _, p in ar_named], [p for _, p in dit_named]
+        ar_named, dit_named = self._open_run(output_dir, log_with, accelerator, _resuming)
         # what each half trains with (objectives); the DiT's also says how the DiT samples, trained or not
         self.objectives = {"ar": TokenGRPO(), "dit": make_objective(c.dit_objective)}
         self.objectives["ar"].setup(self, ar_named, c.train_ar)
         self.objectives["dit"].setup(self, dit_named, c.train_dit)
-        lr_of = lambda half_lr: c.lr if half_lr is None else half_lr   # 0.0 is a learning rate, not "unset"
-        groups = []
-        if c.train_ar: groups.append({"params": self.ar_params, "lr": lr_of(c.ar_lr), "name": "ar"})
-        if c.train_dit: groups.append({"params": self.dit_params, "lr": lr_of(c.dit_lr), "name": "dit"})
-        if c.optimizer == "adamw": self.optimizer = torch.optim.AdamW(groups, weight_decay=c.weight_decay, eps=c.adam_epsilon)
-        else:
-            import bitsandbytes as bnb
-            self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=c.weight_decay, eps=c.adam_epsilon)
-        self.step_count, self.history, self.consecutive_skips, self.skipped_total = 0, [], 0, 0
-        self.optimizer_steps = 0   # optimiser steps taken (updates_per_batch per pass): the objectives' decay counters
-        self._finishing, self._lowered = False, {}   # the step is updating (see `fit`); batches lowered this step
         self._diversity_warned = False
-        self.results = collections.deque(maxlen=c.keep_results)
         self._start_trackers(log_with)
 
-    def _default_size(self):
-        "(width, height) when not given: the dataset's resize, its first target's size, the model's own, or 1024²."
-        if self.dataset.size: return self.dataset.size
-        t = next((e.target for e in self.dataset.examples if e.target), None)
-        if t is not None:
-            with open_image(t) as im: return im.size
-        return model_size(self.policy.source)
-
     def _check_policy_and_data(self):
-        c, p = self.config, self.policy
-        if not same_device(p.device, self.accelerator.device):   # e.g. every process of a launch on cuda:0
-            raise ValueError(f"GRPOTrainer: the policy is on {p.device}, this process's accelerator on {self.accelerator.device}; "
-                             "load the policy with device=accelerator.device, or pass Accelerator(cpu=True) for a CPU policy.")
-        if c.train_ar and p.ar_peft is None:
-            raise ValueError("GRPOTrainer: train_ar=True but the policy has no AR adapter; load it with ar_lora=, "
-                             "or pass train_ar=False.")
-        if c.train_dit and not p.has_dit_lora:
-            raise ValueError("GRPOTrainer: train_dit=True but the policy has no DiT adapter; load it with dit_lora=, "
-                             "or pass train_dit=False.")
-        data = self.dataset
-        if data.has_sources and len({len(e.sources or []) for e in data.examples}) != 1:
-            raise ValueError("GRPOTrainer: every row of an i2i dataset needs source images.")
+        c, data = self.config, self.dataset
+        self._check_policy()
         checked = set()
         for role, fn, rows in (("reward_fn", self.reward_fn, data), ("ar_reward_fn", self.ar_reward_fn, data),
                                ("dit_reward_fn", self.dit_reward_fn, data),
@@ -200,26 +158,7 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
                                  f"has one; give every prompt a {need[:-1]} (a '{need[:-1]}' column) or use a reward without them.")
         if self.eval_dataset is not None:   # evaluate() scores the eval prompts with reward_fn too
             check_reward_signature(self.reward_fn, "reward_fn (on eval_prompts)", self.eval_dataset.column_names)
-        if data.size is not None and data.has_targets and data.size != (c.width, c.height):
-            raise ValueError(f"GRPOTrainer: the dataset resizes images to {data.size[0]}x{data.size[1]} but images are "
-                             f"generated at {c.width}x{c.height}; build it with resize=({c.width}, {c.height}).")
-        if data.size is None:
-            for e in data.examples:
-                if e.target is None: continue
-                with open_image(e.target) as im:
-                    if im.size != (c.width, c.height):
-                        raise ValueError(f"GRPOTrainer: target {e.target} is {im.size[0]}x{im.size[1]} but images are "
-                                         f"generated at {c.width}x{c.height}; build the dataset with "
-                                         f"resize=({c.width}, {c.height}).")
-            sizes = {}
-            for e in data.examples:
-                for s in e.sources or []:
-                    with open_image(s) as im: sizes.setdefault(im.size, s)
-            if len(sizes) > 1:
-                (w1, h1), (w2, h2) = list(sizes)[:2]
-                raise ValueError(f"GRPOTrainer: source images have different sizes ({list(sizes.values())[0]} is "
-                                 f"{w1}x{h1}, {list(sizes.values())[1]} is {w2}x{h2}); rows of one step are encoded "
-                                 "together, so build the dataset with resize=(width, height).")
+        self._check_images(data)
 
     def __repr__(self):
         c = self.config
