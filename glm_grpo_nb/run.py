@@ -93,6 +93,16 @@ def _open_run(self: RunLoop, output_dir, log_with, accelerator, resuming: bool):
     self.results = collections.deque(maxlen=c.keep_results)
     return ar_named, dit_named
 
+def _order(n, seed, epoch):
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
+
+@patch
+def _batch_indices(self: RunLoop, step: int) -> list[int]:
+    "This process's rows of the dataset at `step`: a new order every pass (epoch), from the seed; any process count."
+    acc, n, P = self.accelerator, len(self.dataset), self.config.prompts_per_step
+    start = step * P * acc.num_processes + acc.process_index * P
+    return [_order(n, self.config.seed, (start + i) // n)[(start + i) % n] for i in range(P)]
+
 @patch
 def _default_size(self: RunLoop):
     "(width, height) when not given: the dataset's resize, its first target's size, the model's own, or 1024²."

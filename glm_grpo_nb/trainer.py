@@ -165,15 +165,6 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         return f"GRPOTrainer(step {self.step_count}, mode={c.mode!r}, G={c.group_size}, {c.width}x{c.height})"
 
 # %% ../nbs/05_trainer.ipynb #30e8bf8b
-def _order(n, seed, epoch):
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
-
-@patch
-def _batch_indices(self: GRPOTrainer, step: int) -> list[int]:
-    acc, n, P = self.accelerator, len(self.dataset), self.config.prompts_per_step
-    start = step * P * acc.num_processes + acc.process_index * P
-    return [_order(n, self.config.seed, (start + i) // n)[(start + i) % n] for i in range(P)]
-
 @patch
 def _sample_seeds(self: GRPOTrainer, step: int, n: int, salt: int = 0) -> list[int]:
     "Seeds of this process's n samples at `step`, from (seed, step, salt, global sample index): any process count."
