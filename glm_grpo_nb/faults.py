@@ -55,6 +55,19 @@ def _restore(self: FaultTolerance, snap) -> None:
     del self.history[n_hist:]
 
 @patch
+def _all_or_nothing(self: FaultTolerance, snap, body):
+    "Run `body()` (a step's update and its log); if it raises, put `snap` back and re-raise; else count the step."
+    self._finishing = True   # from here on a first Ctrl-C / SIGTERM lets the step finish (see `fit`)
+    try: res = body()
+    except BaseException:
+        self._restore(snap)   # a failed write (disk full, read-only folder) or an interrupt: the step never happened
+        raise
+    finally: self._finishing = False
+    self.results.append(res)
+    self.step_count += 1
+    return res
+
+@patch
 def _weights_finite(self: FaultTolerance) -> bool:
     return self._everywhere(bool(torch.stack([p.detach().isfinite().all() for p in self._trained]).all().item()))
 

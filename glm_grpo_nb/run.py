@@ -6,13 +6,11 @@
 # %% ../nbs/05e_run.ipynb #b2e00004
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import signal
 import sys
 import warnings
-import weakref
 from pathlib import Path
 
 import numpy as np
@@ -24,19 +22,20 @@ from .checkpoint import (checkpoints, damaged, identity_differences, read_checkp
                                     resolve_checkpoint, rng_state, run_identity, set_rng_state, truncate_metrics,
                                     write_checkpoint)
 from .config import DIT_OBJECTIVES, GRPOConfig, renamed_settings
-from .data import PromptDataset, open_image
+from .data import PromptDataset
 from .faults import TrainingStopped, _StopOnSignals
-from .hub import RunLock, atomic_write, mark_folder, model_size, remove_leftovers, same_device
+from .hub import atomic_write, remove_leftovers
 from .flow import concat_trajectories
 from .policy import GlmImagePolicy, mix_seed, to_host
 from .rewards import evaluate_reward
+from .run_setup import RUN_CONFIG, PACKAGES, RunSetup  # noqa: F401 (importable from here too)
 from .tokens import concat_rollouts
 
 # %% auto #0
-__all__ = ['RUN_CONFIG', 'PACKAGES', 'RunLoop', 'FitSummary']
+__all__ = ['RunLoop', 'FitSummary']
 
 # %% ../nbs/05e_run.ipynb #b2e00006
-class RunLoop:
+class RunLoop(RunSetup):
     "The trainer's run (a base of GRPOTrainer and SFTTrainer): fit, evaluate, save and resume."
     kind = "GRPO"        # what a step is called in progress bars and warnings
     command = "train"    # the glm-grpo command that runs (and continues) such a run
@@ -65,150 +64,8 @@ def _columns(dataset: PromptDataset, idx):
     columns = {c: [r[c] for r in rows] for c in dataset.column_names}
     return prompts, targets, sources, columns
 
-@patch
-def _open_run(self: RunLoop, output_dir, log_with, accelerator, resuming: bool):
-    "The accelerator, the checks of policy and data, output_dir claimed, the optimiser over the trained halves, counters."
-    # returns each half's trainable (name, parameter) pairs; every run sets itself up here, in this order
-    from accelerate import Accelerator
-    c, policy = self.config, self.policy
-    project_dir, cpu = (str(output_dir) if output_dir is not None else None), policy.device.type == "cpu"
-    self.accelerator = Accelerator(log_with=log_with, project_dir=project_dir, cpu=cpu) if accelerator is None else accelerator
-    self._check_policy_and_data()
-    self.output_dir, self._lock = (Path(output_dir) if output_dir is not None else None), None
-    if self.output_dir is not None and self.accelerator.is_main_process: self._claim_output_dir(resuming)
-    named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
-    ar_named, dit_named = ([(n, p) for n, p in named if n.startswith(k)] for k in ("vision_language_encoder.", "transformer."))
-    self.ar_params, self.dit_params = [p for _, p in ar_named], [p for _, p in dit_named]
-    lr_of = lambda half_lr: c.lr if half_lr is None else half_lr   # 0.0 is a learning rate, not "unset"
-    groups = []
-    if c.train_ar: groups.append({"params": self.ar_params, "lr": lr_of(c.ar_lr), "name": "ar"})
-    if c.train_dit: groups.append({"params": self.dit_params, "lr": lr_of(c.dit_lr), "name": "dit"})
-    if c.optimizer == "adamw": self.optimizer = torch.optim.AdamW(groups, weight_decay=c.weight_decay, eps=c.adam_epsilon)
-    else:
-        import bitsandbytes as bnb
-        self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=c.weight_decay, eps=c.adam_epsilon)
-    self.step_count, self.history, self.consecutive_skips, self.skipped_total = 0, [], 0, 0
-    self.optimizer_steps = 0   # optimiser steps taken (updates_per_batch per pass): the objectives' decay counters
-    self._finishing, self._lowered = False, {}   # the step is updating (see `fit`); batches lowered this step
-    self.results = collections.deque(maxlen=c.keep_results)
-    return ar_named, dit_named
-
-def _order(n, seed, epoch):
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
-
-@patch
-def _batch_indices(self: RunLoop, step: int) -> list[int]:
-    "This process's rows of the dataset at `step`: a new order every pass (epoch), from the seed; any process count."
-    acc, n, P = self.accelerator, len(self.dataset), self.config.prompts_per_step
-    start = step * P * acc.num_processes + acc.process_index * P
-    return [_order(n, self.config.seed, (start + i) // n)[(start + i) % n] for i in range(P)]
-
-@patch
-def _default_size(self: RunLoop):
-    "(width, height) when not given: the dataset's resize, its first target's size, the model's own, or 1024²."
-    if self.dataset.size: return self.dataset.size
-    t = next((e.target for e in self.dataset.examples if e.target), None)
-    if t is not None:
-        with open_image(t) as im: return im.size
-    return model_size(self.policy.source)
-
-@patch
-def _check_policy(self: RunLoop):
-    "The policy is on this process's device and has an adapter for each half that trains."
-    c, p, name = self.config, self.policy, type(self).__name__
-    if not same_device(p.device, self.accelerator.device):   # e.g. every process of a launch on cuda:0
-        raise ValueError(f"{name}: the policy is on {p.device}, this process's accelerator on {self.accelerator.device}; "
-                         "load the policy with device=accelerator.device, or pass Accelerator(cpu=True) for a CPU policy.")
-    if c.train_ar and p.ar_peft is None:
-        raise ValueError(f"{name}: train_ar=True but the policy has no AR adapter; load it with ar_lora=, "
-                         "or pass train_ar=False.")
-    if c.train_dit and not p.has_dit_lora:
-        raise ValueError(f"{name}: train_dit=True but the policy has no DiT adapter; load it with dit_lora=, "
-                         "or pass train_dit=False.")
-    if self.dataset.has_sources and len({len(e.sources or []) for e in self.dataset.examples}) != 1:
-        raise ValueError(f"{name}: every row of an i2i dataset needs source images.")
-
-@patch
-def _check_images(self: RunLoop, data: PromptDataset):
-    "Targets at the size trained at, sources of one size (read from their headers): a clear error naming the file."
-    c, name = self.config, type(self).__name__
-    if data.size is not None and data.has_targets and data.size != (c.width, c.height):
-        raise ValueError(f"{name}: the dataset resizes images to {data.size[0]}x{data.size[1]} but images are "
-                         f"generated at {c.width}x{c.height}; build it with resize=({c.width}, {c.height}).")
-    if data.size is not None: return
-    for e in data.examples:
-        if e.target is None: continue
-        with open_image(e.target) as im:
-            if im.size != (c.width, c.height):
-                raise ValueError(f"{name}: target {e.target} is {im.size[0]}x{im.size[1]} but images are "
-                                 f"generated at {c.width}x{c.height}; build the dataset with "
-                                 f"resize=({c.width}, {c.height}).")
-    sizes = {}
-    for e in data.examples:
-        for s in e.sources or []:
-            with open_image(s) as im: sizes.setdefault(im.size, s)
-    if len(sizes) > 1:
-        (w1, h1), (w2, h2) = list(sizes)[:2]
-        raise ValueError(f"{name}: source images have different sizes ({list(sizes.values())[0]} is "
-                         f"{w1}x{h1}, {list(sizes.values())[1]} is {w2}x{h2}); rows of one step are encoded "
-                         "together, so build the dataset with resize=(width, height).")
-
 
 # %% ../nbs/05e_run.ipynb #b2e00007
-@patch
-def _claim_output_dir(self: RunLoop, resuming: bool):
-    "Mark output_dir as a run folder, take its lock, and refuse to start a second run on top of an earlier one."
-    name = type(self).__name__
-    d = mark_folder(self.output_dir, "run", f"{name}: output_dir")
-    self._lock = RunLock(d)
-    weakref.finalize(self, self._lock.release)
-    metrics = d / "metrics.jsonl"
-    if not resuming and (checkpoints(d / "checkpoints") or (metrics.exists() and metrics.stat().st_size)):
-        self._lock.release()
-        raise ValueError(f"{name}: output_dir {d} already holds a run (metrics.jsonl or checkpoints); continue "
-                         f"it with {name}.resume({str(d)!r}, ...), or pass a new output_dir.")
-    if not (d / RUN_CONFIG).exists(): self._write_run_config()   # a resumed run keeps the record of how it began
-
-RUN_CONFIG = "run_config.json"
-PACKAGES = ("torch", "transformers", "diffusers", "peft", "bitsandbytes", "accelerate", "glm_grpo_nb")
-
-@patch
-def _write_run_config(self: RunLoop):
-    "output_dir/run_config.json: every setting, the command line, package versions, the device, the model, data and rewards."
-    import datetime, importlib.metadata, platform
-    def version(p):
-        try: return importlib.metadata.version(p)
-        except importlib.metadata.PackageNotFoundError: return None
-    dev = self.policy.device
-    record = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": list(sys.argv), "output_dir": str(self.output_dir), "settings": self.config.to_dict(),
-              "versions": {"python": platform.python_version(), **{p: version(p) for p in PACKAGES}},
-              "device": str(dev), "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
-              "num_processes": self.accelerator.num_processes, "run": self._run_identity(),
-              "data": {"rows": len(self.dataset), "fingerprint": self.dataset.fingerprint(), "origin": self.dataset.origin}}
-    atomic_write(self.output_dir / RUN_CONFIG, lambda t: t.write_text(json.dumps(record, indent=1, default=str)))
-
-@patch
-def close(self: RunLoop) -> None:
-    "Let another trainer write to output_dir (also happens when this trainer is garbage-collected)."
-    if self._lock is not None: self._lock.release()
-
-@patch
-def _start_trackers(self: RunLoop, log_with=None):
-    "Start the trackers `report_to` (or `log_with=`) names, on the accelerator made here or the one given."
-    names = self.config.report_to if log_with is None else log_with
-    names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names or [])
-    if not names or names == ["none"]: return
-    from accelerate.tracking import filter_trackers
-    acc = self.accelerator
-    if acc.logging_dir is None and any(n in ("tensorboard", "all") for n in names):
-        raise ValueError(f"{type(self).__name__}: report_to tensorboard writes under the run's folder; pass output_dir= (or an "
-                         "Accelerator with project_dir=).")
-    acc.log_with = list(dict.fromkeys([*acc.log_with, *filter_trackers(names, acc.logging_dir)]))   # a given accelerator's too
-    run = self.config.run_name or (self.output_dir.name if self.output_dir is not None else "glm_grpo_nb")
-    flat = {k: v for k, v in self.config.to_dict().items() if isinstance(v, (int, float, str, bool))}
-    acc.init_trackers(run, config=flat, init_kwargs={"wandb": {"name": run}})
-
 @patch
 def _log(self: RunLoop, res: StepResult):
     "Append the step's row (with the learning rates) to metrics.jsonl and the trackers, then to `history`; samples too."

@@ -6,7 +6,6 @@ DiT's flow-matching loss on its latents, text-to-image and image-to-image."""
 # %% ../nbs/05j_sft.ipynb #39750b86
 from __future__ import annotations
 
-import collections
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -17,7 +16,6 @@ from fastcore.basics import patch
 from PIL import Image
 
 from .config import GRPOConfig, Settings, setting
-from .data import open_image
 from .card import ModelCard
 from .checkpoint import run_identity
 from .faults import FaultTolerance
@@ -43,12 +41,12 @@ def rollout_from_images(
     images: list[list[Image.Image]] | None = None,   # i2i: one list of source images per prompt
 ) -> TokenRollout:
     "A TokenRollout (group size 1) holding each target's own visual tokens in the layout the AR samples."
-    ids, mask, grids, per_sample, source_ids, source_grids = self._encode_prompts(prompts, height, width, images)
-    layout = GridLayout.of(height, width, grids, per_sample, i2i=images is not None)
-    for i, im in enumerate(targets):
+    for i, im in enumerate(targets):   # before anything is encoded
         if im.size != (width, height):
             raise ValueError(f"rollout_from_images: target {i} is {im.width}x{im.height}, expected {width}x{height}; "
                              "resize the targets to the size trained at.")
+    ids, mask, grids, per_sample, source_ids, source_grids = self._encode_prompts(prompts, height, width, images)
+    layout = GridLayout.of(height, width, grids, per_sample, i2i=images is not None)
     codes = [self._target_codes(targets, grid) for grid in (layout.preview, layout.grid) if grid is not None]
     return self._rollout(prompts, 1, layout, height, width, ids, mask, grids, per_sample, torch.cat(codes, 1),
                          torch.zeros(len(prompts), layout.num_tokens), images, source_ids, source_grids)
@@ -253,8 +251,7 @@ def step(self: SFTTrainer) -> SFTResult:
     if traj is not None:
         index, noise = sft_points(n, len(traj.timesteps), c.sft_timesteps, seeds, traj.latents.shape[2:])
     snap = self._snapshot()
-    self._finishing = True   # from here on a first Ctrl-C / SIGTERM lets the step finish (see `fit`)
-    try:
+    def body() -> SFTResult:   # the update and its log, all or nothing (see `_all_or_nothing`)
         self.optimizer.zero_grad(set_to_none=True)
         sums, bad, tokens = {}, None, 0
         for rows in _chunks(n, c.micro_batch_size):
@@ -289,13 +286,8 @@ def step(self: SFTTrainer) -> SFTResult:
         res = SFTResult(step=self.step_count, prompts=prompts, metrics=metrics, seconds=sec, skipped=bool(metrics["skipped"]),
                         skip_reason=self.skip_reason if metrics["skipped"] else None)
         self._log(res)
-    except BaseException:
-        self._restore(snap)   # a failed write or an interrupt: the step never happened
-        raise
-    finally: self._finishing = False
-    self.results.append(res)
-    self.step_count += 1
-    return res
+        return res
+    return self._all_or_nothing(snap, body)
 
 @patch
 def _progress(self: SFTTrainer, res) -> tuple[dict, str]:

@@ -254,8 +254,7 @@ def step(self: GRPOTrainer) -> StepResult:
     try: s = self.sample(prompts, targets, sources, columns=columns)
     except NonFiniteRewardError as e: error = e
     snap = self._snapshot()
-    self._finishing = True   # from here on a first Ctrl-C / SIGTERM lets the step finish (see `fit`)
-    try:
+    def body() -> StepResult:   # the update and its log, all or nothing (see `_all_or_nothing`)
         if not self._everywhere(error is None):
             self._count_skip(error or "a reward was not finite on another process")   # the skip_reason too
             res = self._skipped_result(prompts)
@@ -275,13 +274,8 @@ def step(self: GRPOTrainer) -> StepResult:
                              dit_advantages=None if s.dit_reward is None else dit_adv)
         self._log(res)
         self._watch_diversity(res.metrics)
-    except BaseException:
-        self._restore(snap)   # a failed write (disk full, read-only folder) or an interrupt: the step never happened
-        raise
-    finally: self._finishing = False
-    self.results.append(res)
-    self.step_count += 1
-    return res
+        return res
+    return self._all_or_nothing(snap, body)
 
 @patch
 def _skipped_result(self: GRPOTrainer, prompts) -> StepResult:
