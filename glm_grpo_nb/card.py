@@ -42,36 +42,53 @@ def _evaluation_section(evaluation: dict, image: str | None = None) -> list[str]
              "and seeds (`glm-grpo evaluate`), each mean with its 95 % interval:", "", "```", format_metrics(evaluation),
              "```", ""] + ([f"![base and adapters side by side]({image})", ""] if image else []))
 
-def model_card(trainer, evaluation: dict | None = None, samples_image: str | None = None,
-               evaluation_image: str | None = None) -> str:
-    "The README.md of a trained adapter folder: Hub metadata, how it was trained, what it scored, how to load it."
+def _half_lr(c, half: str) -> float:
+    "The learning rate of `half` (ar or dit): its own, else the shared one."
+    return c.lr if getattr(c, f"{half}_lr") is None else getattr(c, f"{half}_lr")
+
+def _setup(trainer) -> str:
+    "The run's images and base weights, in words (every card's)."
+    c, p = trainer.config, trainer.policy
+    return (f"{c.height}x{c.width}, {'4-bit (NF4) base weights' if p.load_in_4bit else 'bf16/fp32 base weights'}."
+            + ("" if _hub_id(p.source) else f" Trained from the local folder `{p.source}`."))
+
+def _grpo_training(trainer, base: str) -> tuple[str, tuple[str, ...], list[str]]:
+    "A GRPO run's title, tags and lines: what was sampled, what it started from, each half's objective, the rewards."
     import glm_grpo_nb
     c, p = trainer.config, trainer.policy
-    base = _hub_id(p.source) or BASE_MODEL
-    i2i = any(e.sources for e in trainer.dataset.examples)
     seen = trainer.step_count * c.prompts_per_step * c.group_size * trainer.accelerator.num_processes
-    lr = lambda half: c.lr if getattr(c, f"{half}_lr") is None else getattr(c, f"{half}_lr")
     halves = []
     if c.train_ar: halves.append(("AR (`vision_language_encoder`)", f"token-level GRPO (clip {c.clip_range}, KL {c.kl_coef})",
-                                  _lora(p.ar_peft), lr("ar")))
+                                  _lora(p.ar_peft), _half_lr(c, "ar")))
     if c.train_dit: halves.append(("DiT (`transformer`)", f"{c.dit_objective} ({c.num_inference_steps} denoising steps)",
-                                   _lora(p.transformer if p.has_dit_lora else None), lr("dit")))
+                                   _lora(p.transformer if p.has_dit_lora else None), _half_lr(c, "dit")))
     rewards = ([("both halves", trainer.reward_fn)] if c.mode != "decoupled" else
                [("AR", trainer.ar_reward_fn), ("DiT", trainer.dit_reward_fn)])
-    tags = [*CARD_TAGS, "image-to-image" if i2i else "text-to-image"]
-    lines = ["---", f"base_model: {base}", "library_name: diffusers", f"pipeline_tag: {'image-to-image' if i2i else 'text-to-image'}",
-             "tags:", *[f"- {t}" for t in tags], "---", "",
-             f"# GLM-Image adapters trained with GRPO", "",
-             f"LoRA adapters for [{base}](https://huggingface.co/{base}) trained with reinforcement learning (GRPO: a group "
+    start, began = p.started_from, ""
+    if start is not None:   # e.g. after supervised fine-tuning
+        began = (f" Training began from the adapters in `{start['path']}` (digest {start['digest']}); the KL's reference "
+                 "was " + ("those adapters." if c.reference_policy == "start" else "the base model."))
+    lines = [f"LoRA adapters for [{base}](https://huggingface.co/{base}) trained with reinforcement learning (GRPO: a group "
              f"of {c.group_size} images per prompt, each pushed towards the better ones of its group) by glm_grpo_nb "
              f"{glm_grpo_nb.__version__}: {trainer.step_count} steps, {seen} images sampled ({c.prompts_per_step} prompts "
-             f"per step and process, {trainer.accelerator.num_processes} process(es)), {c.height}x{c.width}, "
-             f"{'4-bit (NF4) base weights' if p.load_in_4bit else 'bf16/fp32 base weights'}."
-             + ("" if _hub_id(p.source) else f" Trained from the local folder `{p.source}`."), "",
+             f"per step and process, {trainer.accelerator.num_processes} process(es)), {_setup(trainer)}" + began, "",
              "| half | trained with | LoRA | learning rate |", "|---|---|---|---|",
              *[f"| {h} | {o} | {l} | {r:g} |" for h, o, l, r in halves], "",
              "## Rewards", "", "| reward | weight | scores |", "|---|---|---|",
              *[f"| {n} | {w:g} | {who} |" for who, fn in rewards for n, w in _reward_parts(fn)], ""]
+    return "GLM-Image adapters trained with GRPO", CARD_TAGS, lines
+
+def model_card(trainer, evaluation: dict | None = None, samples_image: str | None = None,
+               evaluation_image: str | None = None) -> str:
+    "The README.md of a trained adapter folder: Hub metadata, how it was trained, what it scored, how to load it."
+    # how it was trained is the trainer's to say (`_card_training`): GRPO's here, supervised fine-tuning's in `sft`
+    c, p = trainer.config, trainer.policy
+    base = _hub_id(p.source) or BASE_MODEL
+    i2i = any(e.sources for e in trainer.dataset.examples)
+    title, tags, training = trainer._card_training(base)
+    lines = ["---", f"base_model: {base}", "library_name: diffusers", f"pipeline_tag: {'image-to-image' if i2i else 'text-to-image'}",
+             "tags:", *[f"- {t}" for t in (*tags, "image-to-image" if i2i else "text-to-image")], "---", "",
+             f"# {title}", "", *training]
     if evaluation is not None: lines += _evaluation_section(evaluation, evaluation_image)
     if samples_image:
         lines += ["## The last training step", "", "Each image with its reward r and its advantage A within its group:", "",
@@ -89,7 +106,11 @@ def model_card(trainer, evaluation: dict | None = None, samples_image: str | Non
 
 # %% ../nbs/05f_card.ipynb #83d2d689
 class ModelCard:
-    "The trainer's adapters with their model card (a base of GRPOTrainer)."
+    "The trainer's adapters with their model card (a base of GRPOTrainer and SFTTrainer)."
+    def _card_training(self, base: str) -> tuple[str, tuple[str, ...], list[str]]:
+        "The card's title, tags and lines on how the adapters were trained (GRPO's; SFTTrainer says its own)."
+        return _grpo_training(self, base)
+
     def save_adapters(self, directory: str | Path, evaluation: str | Path | None = None) -> Path:
         "The policy's adapters in `directory`, with a model card (README.md), the last step's groups and an evaluation's table."
         ev = None if evaluation is None else Path(evaluation)
@@ -107,7 +128,7 @@ def _save_with_card(self, directory: Path, ev: Path | None):
         if (ev / "report.png").is_file():
             atomic_write(directory / "evaluation.png", lambda t: shutil.copyfile(ev / "report.png", t)); image = "evaluation.png"
     samples = None
-    if self.results:
+    if self.results and self.results[-1].images:   # a run whose steps make images (an SFT step makes none)
         import matplotlib.pyplot as plt
         from glm_grpo_nb.widgets import plot_group
         fig = plot_group(self.results[-1], max_groups=4, title=f"step {self.step_count}")

@@ -107,6 +107,9 @@ def identity_differences(stored: dict | None, now: dict) -> dict[str, str]:
     changed = [f"{h} {k} {sp['adapters'].get(h, {}).get(k)} -> {np_['adapters'].get(h, {}).get(k)}" for h in halves
                for k in sorted(set(sp["adapters"].get(h, {})) | set(np_["adapters"].get(h, {})))
                if sp["adapters"].get(h, {}).get(k) != np_["adapters"].get(h, {}).get(k)]
+    starts = [(p.get("start") or {}) for p in (sp, np_)]   # the adapters each began from (`start_from`), by their digest
+    if starts[0].get("digest") != starts[1].get("digest"):
+        changed.append("started from " + " -> ".join(s.get("path", "fresh adapters") for s in starts))
     if changed: out["adapters"] = "adapters: " + "; ".join(changed)
     if stored["dataset"] != now["dataset"]:
         out["dataset"] = f"dataset fingerprint {stored['dataset']} -> {now['dataset']} (other prompts or images)"

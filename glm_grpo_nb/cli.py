@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .config import GRPOConfig
+from .config import GRPOConfig, SFTConfig
 from .options import TRAIN_DEFAULTS, command_parser, config_options, _option_style  # noqa: F401 (importable here too)
 from .demo import DEMO_PROMPTS, demo  # noqa: F401 (a command, and its prompts)
 from .hub import check_folder, check_hub_model, check_image_size, mark_folder, model_size, resolve_model
 
 # %% auto #0
-__all__ = ['REWARD_NAMES', 'ALLOCATOR', 'COMMANDS', 'tiny', 'generate', 'process_device', 'train', 'serve_reward', 'plan',
-           'evaluate', 'push', 'main']
+__all__ = ['REWARD_NAMES', 'ALLOCATOR', 'COMMANDS', 'SETTINGS', 'tiny', 'generate', 'process_device', 'train', 'sft',
+           'serve_reward', 'plan', 'evaluate', 'push', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def tiny(
@@ -159,6 +159,7 @@ def train(
     eval_prompts: str = None,  # prompts (file, folder or Hugging Face dataset id) scored every --eval-every steps, fixed seeds
     eval_reward: str = None,   # a held-out reward the evaluations also score, NAME[=WEIGHT],... (not trained on)
     rerun: str = None,         # a run's run_config.json: run its glm-grpo train command again, into --out (a new folder)
+    init_adapters: str = None, # start from these adapters (e.g. glm-grpo sft's runs/sft/adapters); the KL's reference is them unless --reference-policy base
     prompt_column: str = "prompt",  # the prompts' column in a .jsonl/.csv file or Hugging Face dataset (DrawBench: Prompts)
     target_column: str = "target",  # the target images' column
     source_column: str = "source",  # the source images' column (i2i)
@@ -169,36 +170,57 @@ def train(
     for name, v in (("--model", model), ("--prompts", prompts), ("--reward", reward)):
         if not v: raise ValueError(f"train: {name} is required.")
     config = GRPOConfig().replace(**{**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
-    if config.eval_every and not eval_prompts:
-        raise ValueError(f"train: --eval-every {config.eval_every} evaluates on prompts of their own; add --eval-prompts FILE "
-                         "(a prompts file, folder or Hugging Face dataset id), or leave --eval-every out.")
-    model = resolve_model(model, "train: --model")
-    check_folder(out, "run", "train: --out")
-    check_hub_model(model, "train: --model")
-    allowed = tuple(filter(None, (a.strip() for a in allow_changes.split(","))))
-    unknown = set(allowed) - {"model", "adapters", "dataset", "reward"}
-    if unknown: raise ValueError(f"train: --allow-changes takes model, adapters, dataset, reward; got {', '.join(sorted(unknown))}.")
-    from glm_grpo_nb.data import PromptDataset
-    from glm_grpo_nb.policy import GlmImagePolicy
+    model, allowed = _check_run("train", config, model, out, allow_changes, eval_prompts, init_adapters)
     from glm_grpo_nb.rewards import combine, parse_rewards
-    from glm_grpo_nb.checkpoint import checkpoints
     from glm_grpo_nb.trainer import GRPOTrainer
     reward_fn = combine(parse_rewards(reward, reward_models, wait=reward_wait))
     held = combine(parse_rewards(eval_reward, reward_models, wait=reward_wait)) if eval_reward else None
-    columns = dict(prompt_column=prompt_column, target_column=target_column, source_column=source_column)
-    def data_of(p, what):
-        hub = not Path(p).expanduser().exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", p) and not targets and not sources
-        return (PromptDataset.from_hub(p, split=split, resize=size, **columns) if hub else
-                PromptDataset(_dataset_rows(p, targets, sources) if what == "train" else p, resize=size, **columns))
-    size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
+    data_of = _data_reader(config, targets, sources, split, resize, prompt_column, target_column, source_column)
     dataset = data_of(prompts, "train")
     evals = dict(eval_prompts=data_of(eval_prompts, "eval") if eval_prompts else None, eval_reward=held)
     for need, n in dataset.unmet_needs(reward_fn).items():
         raise ValueError(f"train: --reward {reward} compares with {need[:-1]} images, but {n} of {len(dataset)} prompts "
                          f"have one; pass --{need} DIR (an image per prompt line: 0.png, 1.png, ...) or a .jsonl/.csv "
                          f"prompts file with a '{need[:-1]}' column.")
+    accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters)
+    return _fit_run(out, steps, accelerator,
+                    new=lambda: GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out,
+                                            accelerator=accelerator, **evals),
+                    resume=lambda: GRPOTrainer.resume(out, policy, reward_fn, dataset, allow_changes=allowed,
+                                                      output_dir=out, accelerator=accelerator, **evals, **settings))
+
+def _check_run(command: str, config, model, out, allow_changes: str, eval_prompts, init_adapters=None):
+    "What a training command can check before any model loads: evaluation prompts, the start, the model, --out, --allow-changes."
+    if config.eval_every and not eval_prompts:
+        raise ValueError(f"{command}: --eval-every {config.eval_every} evaluates on prompts of their own; add --eval-prompts "
+                         "FILE (a prompts file, folder or Hugging Face dataset id), or leave --eval-every out.")
+    if init_adapters is not None and not any((Path(init_adapters) / half).is_dir() for half in ("ar", "dit")):
+        raise ValueError(f"{command}: --init-adapters {init_adapters} holds neither ar/ nor dit/; pass the adapters/ folder "
+                         "a run wrote (e.g. runs/sft/adapters).")
+    model = resolve_model(model, f"{command}: --model")
+    check_folder(out, "run", f"{command}: --out")
+    check_hub_model(model, f"{command}: --model")
+    allowed = tuple(filter(None, (a.strip() for a in allow_changes.split(","))))
+    unknown = set(allowed) - {"model", "adapters", "dataset", "reward"}
+    if unknown: raise ValueError(f"{command}: --allow-changes takes model, adapters, dataset, reward; got {', '.join(sorted(unknown))}.")
+    return model, allowed
+
+def _data_reader(config, targets, sources, split, resize, prompt_column, target_column, source_column):
+    "data_of(path, what): a PromptDataset from a prompts file or folder (the training data with --targets/--sources) or a hub id."
+    from glm_grpo_nb.data import PromptDataset
+    columns = dict(prompt_column=prompt_column, target_column=target_column, source_column=source_column)
+    size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
+    def data_of(p, what):
+        hub = not Path(p).expanduser().exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", p) and not targets and not sources
+        return (PromptDataset.from_hub(p, split=split, resize=size, **columns) if hub else
+                PromptDataset(_dataset_rows(p, targets, sources) if what == "train" else p, resize=size, **columns))
+    return data_of
+
+def _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters=None):
+    "This process's accelerator and the policy on its device, with adapters for the halves that train (from --init-adapters)."
     import torch
     from accelerate import Accelerator
+    from glm_grpo_nb.policy import GlmImagePolicy
     # first: under accelerate launch each process has its own GPU; without one (or with --device cpu) the processes
     # join over gloo, which accelerate only sets up when told cpu=True (otherwise each would run alone)
     cpu = not torch.cuda.is_available() or (device is not None and torch.device(device).type == "cpu")
@@ -207,23 +229,71 @@ def train(
                                             ar_lora=ar_lora if config.train_ar else None,
                                             dit_lora=dit_lora if config.train_dit else None,
                                             device=process_device(device, accelerator), lora_seed=config.seed)
+    if init_adapters is not None: policy.start_from(init_adapters)   # before a resume compares what the run began from
+    return accelerator, policy
+
+def _fit_run(out, steps: int, accelerator, new, resume) -> int:
+    "Continue the run in `out` (`resume()`) or start it (`new()`), train up to `steps`, write a checkpoint and the adapters."
+    from glm_grpo_nb.checkpoint import checkpoints
     if checkpoints(Path(out) / "checkpoints"):
-        try: trainer = GRPOTrainer.resume(out, policy, reward_fn, dataset, allow_changes=allowed, output_dir=out,
-                                          accelerator=accelerator, **evals, **settings)
+        try: trainer = resume()
         except ValueError as e:
             raise ValueError(f"{e}\n(--out {out} holds that run: run with the flags it was trained with, pass "
                              "--allow-changes with the parts to change, or use another --out.)") from None
         changed = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in trainer.changed_settings.items())
         print(f"resumed from step {trainer.step_count} of {out}; " + (f"changed settings: {changed}" if changed else
               "settings as stored"))
-    else:
-        trainer = GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out, accelerator=accelerator, **evals)
+    else: trainer = new()
     trainer.fit(max(0, steps - trainer.step_count))
     trainer.save()
     trainer.save_adapters(Path(out) / "adapters")   # with its model card
     trainer.close()
     if accelerator.is_main_process: print(f"wrote {Path(out) / 'adapters'} and {Path(out) / 'metrics.jsonl'}")
     return 0
+
+def sft(
+    model: str = None,         # GLM-Image folder or hub id (required)
+    prompts: str = None,       # prompts file (.txt/.jsonl/.csv), folder, or Hugging Face dataset id, each prompt with its target (required)
+    targets: str = None,       # folder of target images named by prompt line (0.png, 1.png, ...), for a .txt prompts file
+    sources: str = None,       # folder of source images named by prompt line (i2i pairs)
+    out: str = "runs/sft",     # output folder: metrics.jsonl, checkpoints, adapters (for glm-grpo train --init-adapters)
+    steps: int = 100,          # optimiser steps in all (a resumed run continues up to this)
+    split: str = "train",      # the split, when --prompts is a Hugging Face dataset
+    ar_lora: int = 16,         # AR LoRA rank
+    dit_lora: int = 16,        # DiT LoRA rank
+    load_in_4bit: bool = False,  # load the base weights in NF4 (QLoRA)
+    resize: bool = False,      # resize targets/sources to height x width instead of refusing other sizes
+    device: str = None,        # torch device (default: the accelerator's, i.e. CUDA if available, one GPU per process)
+    allow_changes: str = "",   # on resume: parts that may differ from the checkpoint (model,adapters,dataset)
+    eval_prompts: str = None,  # held-out prompts with targets (file, folder or Hugging Face dataset id), scored every --eval-every steps
+    perceptual: str = None,    # a DINOv2 model (folder or hub id): the evaluation's closeness adds perceptual similarity
+    prompt_column: str = "prompt",  # the prompts' column in a .jsonl/.csv file or Hugging Face dataset
+    target_column: str = "target",  # the target images' column
+    source_column: str = "source",  # the source images' column (i2i)
+    **settings,                # SFTConfig settings given as options (--lr 1e-4, --sft-timesteps 2, --no-train-dit, ...)
+):
+    "Fine-tune a GLM-Image model's adapters on your own images (supervised, before GRPO); resumes from `out` if it holds checkpoints."
+    for name, v in (("--model", model), ("--prompts", prompts)):
+        if not v: raise ValueError(f"sft: {name} is required.")
+    config = SFTConfig().replace(**{**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
+    model, allowed = _check_run("sft", config, model, out, allow_changes, eval_prompts)
+    data_of = _data_reader(config, targets, sources, split, resize, prompt_column, target_column, source_column)
+    dataset = data_of(prompts, "train")
+    held = data_of(eval_prompts, "eval") if eval_prompts else None
+    for role, data in (("--prompts", dataset), ("--eval-prompts", held)):
+        missing = [i for i, e in enumerate(data.examples) if e.target is None] if data is not None else []
+        if missing:
+            raise ValueError(f"sft: {len(missing)} of {len(data)} prompts of {role} have no target image (the first: line "
+                             f"{missing[0]}, {data.examples[missing[0]].prompt!r}); supervised fine-tuning trains on each "
+                             "prompt's target: pass --targets DIR (an image per prompt line: 0.png, 1.png, ...) or a "
+                             "prompts file with a 'target' column.")
+    from glm_grpo_nb.sft import SFTTrainer, closeness_reward
+    evals = dict(eval_prompts=held, eval_reward=closeness_reward(perceptual))
+    accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config)
+    return _fit_run(out, steps, accelerator,
+                    new=lambda: SFTTrainer(policy, dataset, config=config, output_dir=out, accelerator=accelerator, **evals),
+                    resume=lambda: SFTTrainer.resume(out, policy, dataset, allow_changes=allowed, output_dir=out,
+                                                     accelerator=accelerator, **evals, **settings))
 
 def __getattr__(name: str):
     "`cli.parse_rewards`, importable as before: it lives with the rewards now, loaded when asked for (it needs torch)."
@@ -303,9 +373,11 @@ def plan(
     ar_sample_batch: int = _TRAINED["ar_sample_batch"],  # samples the AR draws at once (default: all)
     dit_sample_batch: int = _TRAINED["dit_sample_batch"],  # samples the DiT denoises at once (default: all)
     eval_prompts: int = 0,     # prompts of --eval-prompts, evaluated during training (0: none)
+    sft: bool = False,         # plan a glm-grpo sft step (supervised: no sampling, no groups) instead of a train step
+    sft_timesteps: int = SFTConfig.__dataclass_fields__["sft_timesteps"].default,  # with --sft: the DiT's noise levels per target
     budget_gb: float = 80.0,   # GPU memory in GB
 ):
-    "Predict the peak GPU memory of GRPO on the real GLM-Image, and what to change if it does not fit (exit 1)."
+    "Predict the peak GPU memory of GRPO (or of supervised fine-tuning) on the real GLM-Image, and what to change if it does not fit (exit 1)."
     check_image_size(height, width, "plan: --height/--width")
     from glm_grpo_nb.memory import plan as make_plan
     p = make_plan(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step,
@@ -314,11 +386,14 @@ def plan(
                   num_inference_steps=num_inference_steps, sde_window=sde_window,
                   guidance_scale=guidance_scale, dit_objective=dit_objective, decode_batch=decode_batch, sampling_copy=sampling_copy,
                   reward_model_params=reward_model_params, source_images=source_images, ar_sample_batch=ar_sample_batch,
-                  dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts, budget_gb=budget_gb)
+                  dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts, budget_gb=budget_gb,
+                  sft_timesteps=sft_timesteps if sft else None)
     p.suggestions = [_flags(ch) for ch in p.changes] + p.suggestions[len(p.changes):]   # as options of this command
-    recipe = GRPOConfig(dit_objective=dit_objective, prompts_per_step=prompts_per_step)   # what train resolves it to
-    from glm_grpo_nb.objectives import objective_class
-    print(f"{dit_objective}'s recipe: " + ", ".join(f"{k}={getattr(recipe, k)!r}" for k in objective_class(dit_objective).defaults))
+    if sft: print(f"glm-grpo sft's step: {prompts_per_step} target(s) per step, {sft_timesteps} noise level(s) each")
+    else:
+        recipe = GRPOConfig(dit_objective=dit_objective, prompts_per_step=prompts_per_step)   # what train resolves it to
+        from glm_grpo_nb.objectives import objective_class
+        print(f"{dit_objective}'s recipe: " + ", ".join(f"{k}={getattr(recipe, k)!r}" for k in objective_class(dit_objective).defaults))
     print(p)
     return 0 if p.fits else 1
 
@@ -379,8 +454,9 @@ def push(
 
 # %% ../nbs/08_cli.ipynb #6970f665
 ALLOCATOR = "expandable_segments:True"   # CUDA memory reserved stays close to what is allocated (see `memory`)
-COMMANDS = {"demo": demo, "train": train, "serve-reward": serve_reward, "plan": plan, "tiny": tiny, "generate": generate,
-            "evaluate": evaluate, "push": push}
+COMMANDS = {"demo": demo, "sft": sft, "train": train, "serve-reward": serve_reward, "plan": plan, "tiny": tiny,
+            "generate": generate, "evaluate": evaluate, "push": push}
+SETTINGS = {"train": GRPOConfig, "sft": SFTConfig}   # the settings a command takes as options, one per field
 
 def _usage():
     lines = [f"glm-grpo {__version__}: GRPO fine-tuning for GLM-Image", "", "usage: glm-grpo COMMAND [options]", "", "commands:"]
@@ -404,9 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = command_parser(func, prog=f"glm-grpo {name}", more_help=more)
     params = inspect.signature(func).parameters
     takes_settings = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    if takes_settings: config_options(parser, TRAIN_DEFAULTS)
+    if takes_settings: config_options(parser, TRAIN_DEFAULTS, SETTINGS[name])
     args = vars(parser.parse_args(_option_style(parser, rest)))
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)} if takes_settings else set()
+    fields = {f.name for f in dataclasses.fields(SETTINGS[name])} if takes_settings else set()
     try: return func(**{k: v for k, v in args.items() if k in params or k in fields}) or 0
     except ValueError as e:
         print(f"glm-grpo {name}: {e}", file=sys.stderr); return 2

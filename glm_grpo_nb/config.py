@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 
 # %% auto #0
-__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'ROLLOUT_IS_MODES', 'setting', 'renamed_settings', 'deprecated', 'Settings',
-           'GRPOConfig']
+__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'ROLLOUT_IS_MODES', 'SHARED', 'SFTConfig', 'setting', 'renamed_settings',
+           'deprecated', 'Settings', 'GRPOConfig']
 
 # %% ../nbs/05a_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
@@ -157,7 +157,10 @@ class GRPOConfig(Settings):
     dit_lr: float | None = setting(None, "learning rate of the DiT adapters (default: lr)")
     clip_range: float = setting(0.2, "PPO clip range epsilon")
     clip_range_high: float | None = setting(None, "upper clip range, DAPO's clip-higher (default: clip_range)")
-    kl_coef: float = setting(0.0, "weight of the KL to the adapters-off reference")
+    kl_coef: float = setting(0.0, "weight of the KL to the reference policy (reference_policy)")
+    reference_policy: str = setting("start", "the reference of the KL (and of nft's, awm's and dgpo's reference terms): "
+                                    "start (the adapters the run started from, e.g. --init-adapters after SFT; "
+                                    "without them the base) or base (adapters off)", ("start", "base"))
     kl_type: str | None = setting(None, "the DiT's KL: mean (Flow-GRPO's code: the step means' squared distance / 2s^2, "
                                   "so its beta carries over), exact (the SDE step's Gaussian KL: mean's / |dt|) or "
                                   "velocity (|v - v_ref|^2, the matching objectives' and AWM's Uniform); default mean with "
@@ -302,3 +305,44 @@ _dataclass_init = GRPOConfig.__init__
 def _init(self, *args, **settings): _dataclass_init(self, *args, **renamed_settings(settings, "GRPOConfig"))
 GRPOConfig.__init__ = _init   # GRPOConfig(num_steps=...) still works
 
+
+# %% ../nbs/05a_config.ipynb #22b9d4e7
+# the settings an SFT run shares with GRPO's, with their defaults and help: taken from GRPOConfig, never written twice
+SHARED = ("prompts_per_step", "height", "width", "train_ar", "train_dit", "lr", "ar_lr", "dit_lr", "micro_batch_size",
+          "max_grad_norm", "optimizer", "weight_decay", "adam_epsilon", "temperature", "top_k", "top_p",
+          "num_inference_steps", "decode_batch", "ar_sample_batch", "dit_sample_batch", "eval_every", "save_every",
+          "keep_checkpoints", "seed", "max_consecutive_skips", "keep_results", "report_to", "run_name")
+
+def _shared_field(name):
+    "GRPOConfig's field `name` as a field of another dataclass: the same type, default and help."
+    f = GRPOConfig.__dataclass_fields__[name]
+    return name, f.type, dataclasses.field(default=f.default, metadata=f.metadata)
+
+def _check_sft(self):
+    for name, low in (("prompts_per_step", 1), ("micro_batch_size", 1), ("sft_timesteps", 1), ("top_k", 0),
+                      ("num_inference_steps", 1), ("decode_batch", 1), ("ar_sample_batch", 1), ("dit_sample_batch", 1),
+                      ("eval_every", 0), ("save_every", 0), ("keep_checkpoints", 1), ("seed", 0),
+                      ("max_consecutive_skips", 0), ("keep_results", 1)):
+        self._integer(name, low)
+    for name, low, strict in (("lr", 0, True), ("ar_lr", 0, False), ("dit_lr", 0, False), ("max_grad_norm", 0, True),
+                              ("weight_decay", 0, False), ("adam_epsilon", 0, True), ("temperature", 0, True),
+                              ("guidance_scale", 0, False)):
+        self._number(name, low, strict)
+    if not (self._finite(self.top_p) and 0 < self.top_p <= 1): raise self._bad("top_p", "in (0, 1]")
+    self._check_choices()
+    self._check_trackers()
+    for name in ("train_ar", "train_dit"):
+        if not isinstance(getattr(self, name), bool): raise self._bad(name, "True or False")
+    if not (self.train_ar or self.train_dit): raise ValueError("SFTConfig: train_ar and train_dit are both False; nothing would train.")
+    if self.height is not None or self.width is not None:
+        check_image_size(IMAGE_BLOCK if self.height is None else self.height,
+                         IMAGE_BLOCK if self.width is None else self.width, "SFTConfig")
+
+SFTConfig = dataclasses.make_dataclass("SFTConfig", [
+    *map(_shared_field, SHARED),
+    ("sft_timesteps", int, setting(1, "the DiT's noise levels per target image and step, drawn from the stock schedule")),
+    ("guidance_scale", float, setting(1.5, "classifier-free guidance of the evaluation's images")),
+], bases=(Settings,), namespace={"__post_init__": _check_sft, "__doc__":
+    "Every setting of a supervised run: GRPO's where they mean the same (batches, learning rates, evaluation's sampling, "
+    "checkpoints, trackers), plus the DiT's noise levels per image."})
+SFTConfig.__module__ = __name__   # where the docs and pickles find it

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import GRPOConfig, deprecated
+from .config import GRPOConfig, SFTConfig, deprecated
 from .objectives import objective_class
 from .hub import AR_LORA_TARGETS, DIT_LORA_TARGETS, check_image_size, lora_targeted, sde_steps, token_grid
 
@@ -117,7 +117,10 @@ class MemoryPlan:
 def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, lora_rank, train, gradient_checkpointing,
               micro_batch_size, num_inference_steps, sde_window, guidance_scale, dtype_bytes, reward_model_params, prompt_len, decode_batch,
               sampling_copy, dit_objective="flow_grpo", source_images=0, ar_sample_batch=None, dit_sample_batch=None,
-              eval_prompts=0, updates_per_batch=None):
+              eval_prompts=0, updates_per_batch=None, sft_timesteps=None):
+    # sft_timesteps: an SFT step (glm_grpo_nb.sft) with that many noise levels per target, instead of a GRPO step
+    sft = sft_timesteps is not None
+    if sft: group_size, updates_per_batch = 1, 1   # one target per prompt, one optimiser step
     ar, dit, t5, vae = mods["ar"], mods["dit"], mods["text_encoder"], mods["vae"]
     N = group_size * prompts_per_step
     k = objective_class(dit_objective, "plan").defaults["updates_per_batch"] if updates_per_batch is None else updates_per_batch
@@ -152,6 +155,9 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
                           (per_block + read(mb)) * dc.num_layers),
                  recompute=per_block + read(mb) if gradient_checkpointing else 0)
     held, update_dit = objective_class(dit_objective, "plan").plan_memory(sizes)
+    if sft:   # the noise levels' errors are averaged, then one backward: every level's activations are held at once
+        held, update_dit = {}, {"activations (sft_timesteps noise levels, no guidance)": sft_timesteps * sizes["forward"]
+                                + sizes["recompute"], "targets' latents, noise, velocities (fp32)": 4 * lat * mb // N}
     if train in ("dit", "both"): resident.update(held)
     tc = ar.config.text_config
     L, hidden, inter, kv, hd = tc.num_hidden_layers, tc.hidden_size, tc.intermediate_size, tc.num_key_value_heads, tc.hidden_size // tc.num_attention_heads
@@ -159,7 +165,7 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
     T = gh * gw + 256 + 1
     S = prompt_len + source_images * gh * gw + T   # an i2i prompt holds its sources' tokens
     kv_cache = 2 * L * kv * hd * S * ns_ar * dtype_bytes
-    if sampling_copy:   # the copy keeps its static KV cache between calls (see `policy.sampling_cache`)
+    if sampling_copy and (eval_prompts or not sft):   # the copy keeps its static KV cache between calls (`sampling_cache`)
         # under 4-bit the language model's NF4 layers dequantised in the compute dtype; what is in that dtype already
         # (embeddings, norms, the head) is shared with the policy, as everything is without 4-bit; the adapters'
         # factors (float32) apart from the weights, in both cases
@@ -168,7 +174,7 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
         factors = lora_params(ar, AR_LORA_TARGETS, lora_rank) * 4 if train in ("ar", "both") else 0
         resident["sampling copy (AR language model)"] = dense + factors
         resident["sampling copy's KV cache"] = kv_cache
-    resident["reward models"] = reward_model_params * dtype_bytes
+    if not sft: resident["reward models"] = reward_model_params * dtype_bytes
     # an NF4 layer's matmul dequantises its whole weight in the compute dtype (in forward, and again in backward)
     deq = lambda m, sel: dtype_bytes * max(l.in_features * l.out_features for n, l in m.named_modules()
                                            if isinstance(l, torch.nn.Linear) and sel(n, l)) if load_in_4bit else 0
@@ -176,7 +182,13 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
     nf4 = lambda n: {"largest layer dequantised": n} if n else {}
     phases = {"sample tokens": {**({} if sampling_copy else {"KV cache": kv_cache, **nf4(ar_deq)}),
                                 "logits + sampling (fp32)": ns_ar * tc.vision_vocab_size * 4 * 4}}
-    if sampling_copy and load_in_4bit:   # built once, layer by layer: one dequantised weight at a time
+    vc = vae.config
+    # about two full-resolution maps of the widest block per image: 8 images at 1024x1024 decoded at once peaked
+    # 15.4 GB above the weights on an H100 (bf16), i.e. 1.9 GB per image; this gives 2.0
+    vae_maps = lambda n: n * 2 * max(vc.block_out_channels) * height * width * dtype_bytes
+    if sft:   # no sampling: the step's targets encoded at once, by the tokenizer (small) and the VAE's encoder
+        phases = {"encode targets": {"VAE encoder activations": vae_maps(prompts_per_step)}}
+    if sampling_copy and load_in_4bit and (eval_prompts or not sft):   # built once, layer by layer: one weight at a time
         largest = max(m.weight.numel() for m in ar.model.language_model.modules() if isinstance(m, torch.nn.Linear))
         phases["build sampling copy (first call)"] = {"largest layer dequantised": largest * dtype_bytes}
     if train in ("ar", "both"):
@@ -184,9 +196,9 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
         saved = mb * S * hidden * dtype_bytes * L if gradient_checkpointing else per_layer * L
         phases["update AR"] = {"activations": saved + (per_layer if gradient_checkpointing else 0),
                                "logits, log-softmax, grad (fp32)": 3 * mb * T * tc.vision_vocab_size * 4, **nf4(ar_deq)}
-    phases["sample latents"] = {"latents, velocities (fp32)": 4 * lat,
-                                "DiT forward": cfg * ns_dit * tokens * (8 * inner) * dtype_bytes, **nf4(dit_deq)}
-    if source_images:
+    if not sft: phases["sample latents"] = {"latents, velocities (fp32)": 4 * lat,
+                                            "DiT forward": cfg * ns_dit * tokens * (8 * inner) * dtype_bytes, **nf4(dit_deq)}
+    if source_images and not sft:
         phases["sample latents"].update({"i2i sources' keys and values": sources, "sources read by a forward": read(ns_dit)})
     if train in ("dit", "both"):
         phases["update DiT"] = {**update_dit, **nf4(dit_deq),
@@ -197,10 +209,7 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
                               "DiT forward": cfg * ne_dit * tokens * (8 * inner) * dtype_bytes + read(ne_dit),
                               "latents (fp32)": 2 * eval_prompts * lat // N,
                               **({"i2i sources' keys and values": sources * ne_dit // prompts_per_step} if source_images else {})}
-    vc = vae.config
-    # about two full-resolution maps of the widest block per image: 8 images at 1024x1024 decoded at once peaked
-    # 15.4 GB above the weights on an H100 (bf16), i.e. 1.9 GB per image; this gives 2.0
-    phases["decode"] = {"VAE decoder activations": decode_batch * 2 * max(vc.block_out_channels) * height * width * dtype_bytes}
+    if eval_prompts or not sft: phases["decode"] = {"VAE decoder activations": vae_maps(decode_batch)}
     return resident, phases
 
 TRAINED = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}   # the trainer's defaults are the plan's
@@ -228,11 +237,12 @@ def plan(
     ar_sample_batch: int | None = TRAINED["ar_sample_batch"],     # samples the AR draws at once (None: all)
     dit_sample_batch: int | None = TRAINED["dit_sample_batch"],   # samples the DiT denoises at once (None: all)
     eval_prompts: int = 0,                   # prompts evaluate() samples during fit (0: no evaluation)
+    sft_timesteps: int | None = None,        # plan an SFT step (glm_grpo_nb.sft) with this many noise levels per target
     budget_gb: float = 80.0,                 # GPU memory
     modules: dict | None = None,             # components to plan for (default: the real model on the meta device)
     num_steps: int | None = None,            # old name of num_inference_steps (warns once)
 ) -> MemoryPlan:
-    "Predict the peak GPU memory of a GRPO step; suggest settings that fit when it does not."
+    "Predict the peak GPU memory of a GRPO step (or an SFT step); suggest settings that fit when it does not."
     if num_steps is not None:
         deprecated("plan", "num_steps", "num_inference_steps", stacklevel=3); num_inference_steps = num_steps
     if train not in ("ar", "dit", "both"): raise ValueError(f"plan: train must be 'ar', 'dit' or 'both', got {train!r}.")
@@ -242,7 +252,10 @@ def plan(
         if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"plan: {name} must be an int >= 1, got {v!r}.")
     check_image_size(height, width, "plan")
     objective = objective_class(dit_objective, "plan")   # a name it does not know is refused here
-    if guidance_scale is None: guidance_scale = objective.defaults["guidance_scale"]
+    if sft_timesteps is not None and (not isinstance(sft_timesteps, int) or sft_timesteps < 1):
+        raise ValueError(f"plan: sft_timesteps must be an int >= 1, got {sft_timesteps!r}.")
+    if guidance_scale is None:   # SFTConfig's evaluation guidance, or the objective's
+        guidance_scale = SFTConfig.__dataclass_fields__["guidance_scale"].default if sft_timesteps else objective.defaults["guidance_scale"]
     if dtype not in DTYPE_BYTES: raise ValueError(f"plan: dtype must be one of {list(DTYPE_BYTES)}, got {dtype!r}.")
     mods = real_modules() if modules is None else modules
     args = dict(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step, load_in_4bit=load_in_4bit,
@@ -251,16 +264,18 @@ def plan(
                 reward_model_params=reward_model_params, prompt_len=prompt_len, decode_batch=decode_batch,
                 sampling_copy=sampling_copy, dit_objective=dit_objective, source_images=source_images,
                 ar_sample_batch=ar_sample_batch, dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts,
-                updates_per_batch=updates_per_batch)
+                updates_per_batch=updates_per_batch, sft_timesteps=sft_timesteps)
     for name, v in (("source_images", source_images), ("eval_prompts", eval_prompts)):
         if not isinstance(v, int) or v < 0: raise ValueError(f"plan: {name} must be an int >= 0, got {v!r}.")
     p = MemoryPlan(*_estimate(mods, **args), budget=int(budget_gb * GB))
     if not p.fits:
         N = group_size * prompts_per_step
-        tries = [dict(load_in_4bit=True), dict(gradient_checkpointing=True), dict(micro_batch_size=1), dict(decode_batch=1),
-                 dict(ar_sample_batch=max(1, N // 2), dit_sample_batch=max(1, N // 2)),
-                 dict(sampling_copy=False), dict(sde_window=[0]),
-                 dict(guidance_scale=1.0), dict(prompts_per_step=1)]
+        tries = ([dict(load_in_4bit=True), dict(gradient_checkpointing=True), dict(micro_batch_size=1), dict(decode_batch=1),
+                  dict(ar_sample_batch=max(1, N // 2), dit_sample_batch=max(1, N // 2)),
+                  dict(sampling_copy=False), dict(sde_window=[0]),
+                  dict(guidance_scale=1.0), dict(prompts_per_step=1)] if sft_timesteps is None else
+                 [dict(load_in_4bit=True), dict(gradient_checkpointing=True), dict(micro_batch_size=1),
+                  dict(sft_timesteps=1), dict(prompts_per_step=1)])
         cur = dict(args)
         for change in tries:
             if all(cur.get(k) == v for k, v in change.items()): continue

@@ -6,7 +6,6 @@ trajectories, any sampler, no classifier-free guidance."""
 # %% ../nbs/02c_nft.ipynb #ae178b9b
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +13,7 @@ from fastcore.basics import patch
 
 from typing import TYPE_CHECKING
 
-from .policy import GlmImagePolicy, generators, randn_rows, to_host, train_mode
+from .policy import AdapterWeights, GlmImagePolicy, generators, randn_rows, to_host, train_mode
 if TYPE_CHECKING: from glm_grpo_nb.flow import LatentTrajectory  # stages never import each other at run time
 
 # %% auto #0
@@ -110,24 +109,11 @@ def nft_decay(step: int, rate: float = 0.001, maximum: float = 0.5, warmup: int 
     "The old policy's decay after `step` updates: 0 during `warmup`, then rising by `rate` per step up to `maximum`."
     return min(rate * max(step - warmup, 0), maximum)
 
-class OldAdapter:
-    "A copy of some adapter weights (the DiT's LoRA): DiffusionNFT's old policy."
+class OldAdapter(AdapterWeights):
+    "A copy of some adapter weights (the DiT's LoRA): DiffusionNFT's old policy, swapped in by `swapped()`, moved by `update`."
     def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]]):
         if not named_params: raise ValueError("OldAdapter: no parameters; the DiT needs a LoRA adapter (dit_lora=).")
-        self.names = [n for n, _ in named_params]
-        self.params = [p for _, p in named_params]
-        self.weights = [p.detach().clone() for p in self.params]
-
-    @contextlib.contextmanager
-    def swapped(self):
-        "Run the block with the old weights in the model; the current ones are put back afterwards, exactly."
-        with torch.no_grad():
-            current = [p.detach().clone() for p in self.params]
-            for p, w in zip(self.params, self.weights): p.copy_(w)
-        try: yield
-        finally:
-            with torch.no_grad():
-                for p, c in zip(self.params, current): p.copy_(c)
+        super().__init__(named_params)
 
     @torch.no_grad()
     def update(self, decay: float) -> None:

@@ -32,10 +32,11 @@ def _add_option(parser: argparse.ArgumentParser, name: str, kind, help: str, cho
     if choices: kw.update(choices=choices, metavar=None)
     parser.add_argument("--" + name.replace("_", "-"), **kw)
 
-def config_options(parser: argparse.ArgumentParser, defaults: dict = TRAIN_DEFAULTS) -> argparse.ArgumentParser:
-    "Add one option per GRPOConfig field: its help and choices, --x/--no-x for switches, a list of steps for sde_window."
-    hints = typing.get_type_hints(GRPOConfig)
-    for f in dataclasses.fields(GRPOConfig):
+def config_options(parser: argparse.ArgumentParser, defaults: dict = TRAIN_DEFAULTS,
+                   config_class=GRPOConfig) -> argparse.ArgumentParser:   # or SFTConfig (glm-grpo sft)
+    "Add one option per settings field: its help and choices, --x/--no-x for switches, a list of steps for sde_window."
+    hints = typing.get_type_hints(config_class)
+    for f in dataclasses.fields(config_class):
         default = defaults.get(f.name, f.default)
         shown = "" if default is None else f" (default: {default})"   # None's meaning is in the help itself
         _add_option(parser, f.name, hints[f.name], f.metadata["help"] + shown, f.metadata["choices"], list_metavar="STEP")

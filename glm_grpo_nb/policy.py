@@ -13,7 +13,8 @@ import warnings
 from pathlib import Path
 
 from .hub import (AR_LORA_TARGETS, DIT_ADAPTER_FILE, DIT_ADAPTER_PLAIN, DIT_LORA_TARGETS,  # first: it quiets upstream
-                             atomic_folder, check_cpu_dtype, default_device, default_dtype, prefix_lora_keys, quiet_io, read_adapter, resolve_model)
+                             atomic_folder, check_cpu_dtype, default_device, default_dtype, file_sha256, prefix_lora_keys, quiet_io,
+                             read_adapter, resolve_model)
 import bitsandbytes as bnb
 import torch
 from fastcore.basics import patch
@@ -25,8 +26,8 @@ from transformers import (BitsAndBytesConfig, ByT5Tokenizer, GlmImageForConditio
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline, GlmImageTransformer2DModel
 
 # %% auto #0
-__all__ = ['to_host', 'train_mode', 'quantize_4bit', 'quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed', 'sample_seeds',
-           'generators', 'randn_rows', 'apply_adapters']
+__all__ = ['ADAPTER_FILES', 'to_host', 'train_mode', 'quantize_4bit', 'quantize_dit_4bit', 'GlmImagePolicy', 'mix_seed',
+           'sample_seeds', 'generators', 'randn_rows', 'AdapterWeights', 'adapters_digest', 'apply_adapters']
 
 # %% ../nbs/02_policy.ipynb #d8758c82
 def _lora_config(spec, targets, what):
@@ -99,6 +100,8 @@ class GlmImagePolicy(torch.nn.Module):
         self.codebook_size = cfg.vq_config.num_embeddings
         self.image_start_id, self.image_end_id, self.image_token_id = cfg.image_start_token_id, cfg.image_end_token_id, cfg.image_token_id
         self.ar_peft, self.source, self.load_in_4bit = None, None, load_in_4bit
+        # the adapters a run started from (`start_from`) and what `reference()` computes with: "start" or "base"
+        self.started_from, self.start_weights, self.reference_policy = None, None, "start"
         dev = next(vision_language_encoder.parameters()).device
         self.sampling_copy = dev.type == "cuda" if sampling_copy is None else bool(sampling_copy)
         self._sampler, self._kv, self.max_sampling_caches = None, {}, 2   # see `sampling_model` and `sampling_cache`
@@ -248,7 +251,7 @@ def fingerprint(self: GlmImagePolicy) -> dict:
     if self.ar_peft is not None: adapters["ar"] = _lora_summary(self.ar_peft.peft_config["default"])
     if self.has_dit_lora: adapters["dit"] = _lora_summary(self.transformer.peft_config["default"])
     return {"model": self.source, "base": h.hexdigest()[:16], "load_in_4bit": bool(self.load_in_4bit),
-            "adapters": adapters}
+            "adapters": adapters, "start": self.started_from}
 
 # %% ../nbs/02_policy.ipynb #3990440e
 def mix_seed(*parts: int) -> int:
@@ -272,10 +275,31 @@ def randn_rows(gens: list[torch.Generator], shape) -> torch.Tensor:
     return torch.stack([torch.randn(shape, generator=g, dtype=torch.float32, device=g.device) for g in gens])
 
 # %% ../nbs/02_policy.ipynb #823d7c60
+class AdapterWeights:
+    "A copy of some adapter weights, swapped into the model for a `with` block (the run's starting adapters, an old policy)."
+    def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]]):
+        self.names = [n for n, _ in named_params]
+        self.params = [p for _, p in named_params]
+        self.weights = [p.detach().clone() for p in self.params]
+
+    @contextlib.contextmanager
+    def swapped(self):
+        "Run the block with the copied weights in the model; the current ones are put back afterwards, exactly."
+        with torch.no_grad():
+            current = [p.detach().clone() for p in self.params]
+            for p, w in zip(self.params, self.weights): p.copy_(w)
+        try: yield
+        finally:
+            with torch.no_grad():
+                for p, c in zip(self.params, current): p.copy_(c)
+
 @patch
 @contextlib.contextmanager
 def reference(self: GlmImagePolicy):
-    "Context in which the LoRA adapters are disabled: the frozen base policy."
+    "Context in which the policy is its reference: the adapters it started from (`start_from`), else the base (adapters off)."
+    if self.reference_policy == "start" and self.start_weights is not None:
+        with self.start_weights.swapped(): yield self
+        return
     with contextlib.ExitStack() as stack:
         if self.ar_peft is not None: stack.enter_context(self.ar_peft.disable_adapter())
         if self.has_dit_lora:
@@ -311,9 +335,13 @@ def save_adapters(self: GlmImagePolicy, directory: str | Path) -> Path:
     return directory
 
 @patch
-def load_adapters(self: GlmImagePolicy, directory: str | Path) -> None:
+def load_adapters(self: GlmImagePolicy, directory: str | Path,
+                  missing_ok: bool = False) -> None:   # True: a half the folder lacks keeps its adapter as it is
     "Load adapters written by `save_adapters` into this policy's (same-shaped) adapters: both halves checked, then set."
     directory, staged = Path(directory), []
+    if not any((directory / sub).is_dir() for sub in ("ar", "dit")):
+        raise ValueError(f"load_adapters: {directory} holds neither ar/ nor dit/; pass a folder written by save_adapters "
+                         "(e.g. a run's adapters/).")
     parts = [("ar", self.ar_peft, "adapter_model.safetensors"), ("dit", self.transformer if self.has_dit_lora else None,
                                                                    DIT_ADAPTER_FILE)]
     for sub, model, fname in parts:
@@ -323,6 +351,7 @@ def load_adapters(self: GlmImagePolicy, directory: str | Path) -> None:
                                             f"load the policy with {sub}_lora=.")
             continue
         if not f.exists():
+            if missing_ok and not (directory / sub).exists(): continue
             raise ValueError(f"load_adapters: {f} not found; pass a folder written by save_adapters.")
         state = read_adapter(f, "load_adapters")
         if sub == "dit": state = {k.removeprefix("transformer."): v for k, v in state.items()}
@@ -337,6 +366,25 @@ def load_adapters(self: GlmImagePolicy, directory: str | Path) -> None:
                              "targets the adapters were trained with. Nothing was loaded.")
         staged.append((model, state))
     for model, state in staged: set_peft_model_state_dict(model, state, adapter_name="default")
+
+# %% ../nbs/02_policy.ipynb #530962c9
+ADAPTER_FILES = ("ar/adapter_model.safetensors", f"dit/{DIT_ADAPTER_FILE}")   # the weights an adapters folder holds
+
+def adapters_digest(directory: str | Path) -> str:
+    "A digest of the weight files in an adapters folder: the same adapters give the same digest, wherever they lie."
+    h = hashlib.sha256()
+    for rel in ADAPTER_FILES:
+        f = Path(directory) / rel
+        if f.exists(): h.update(f"{rel}:{file_sha256(f)}".encode())
+    return h.hexdigest()[:16]
+
+@patch
+def start_from(self: GlmImagePolicy, directory: str | Path) -> GlmImagePolicy:
+    "Begin from the adapters in `directory` (written by `save_adapters`): loaded, named in the fingerprint, kept as the reference."
+    self.load_adapters(directory, missing_ok=True)
+    self.started_from = {"path": str(Path(directory).resolve()), "digest": adapters_digest(directory)}
+    self.start_weights = AdapterWeights([(n, p) for n, p in self.named_parameters() if p.requires_grad])
+    return self
 
 # %% ../nbs/02_policy.ipynb #c03e644a
 @patch(as_prop=True)

@@ -358,6 +358,7 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
     except (TypeError, ValueError, KeyError) as e: raise damaged(ckpt / "trainer_state.json", e) from None
     settings = {k: v for k, v in overrides.items() if k in stored.to_dict()}
     dataset = _as_dataset(dataset)
+    if overrides.get("init_adapters") is not None: policy.start_from(overrides.pop("init_adapters"))   # part of what must match
     now = run_identity(policy, dataset, reward_fn, overrides.get("ar_reward_fn"), overrides.get("dit_reward_fn"))
     refused = {k: v for k, v in identity_differences(state.get("run"), now).items() if k not in allow_changes}
     if refused:   # checked before the trainer exists: a refused resume takes no lock and loads nothing

@@ -6,7 +6,6 @@ DiT's flow-matching loss on its latents, text-to-image and image-to-image."""
 # %% ../nbs/05j_sft.ipynb #39750b86
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +14,11 @@ import torch
 from fastcore.basics import patch
 from PIL import Image
 
-from .config import GRPOConfig, Settings, setting
-from .card import ModelCard
+from .card import ModelCard, _half_lr, _lora, _setup
 from .checkpoint import run_identity
 from .faults import FaultTolerance
 from .flow import LatentTrajectory
-from .hub import IMAGE_BLOCK, check_image_size
+from .hub import IMAGE_BLOCK
 from .matching import matching_error
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows, to_host, train_mode
 from .rewards import combine
@@ -28,8 +26,8 @@ from .run import RunLoop, _as_dataset, _chunks, _columns
 from .tokens import GridLayout, TokenRollout
 
 # %% auto #0
-__all__ = ['SFT_SCHEDULE_STEPS', 'SHARED', 'SFTConfig', 'ar_sft_loss', 'sft_points', 'dit_sft_loss', 'SFTResult',
-           'closeness_reward', 'SFTTrainer']
+__all__ = ['SFT_SCHEDULE_STEPS', 'SFT_TAGS', 'ar_sft_loss', 'sft_points', 'dit_sft_loss', 'SFTResult', 'closeness_reward',
+           'SFTTrainer']
 
 # %% ../nbs/05j_sft.ipynb #c06690d4
 @patch
@@ -105,44 +103,8 @@ def dit_sft_loss(policy: GlmImagePolicy, traj: LatentTrajectory, index: torch.Te
     return torch.stack(errors, 1).mean()
 
 # %% ../nbs/05j_sft.ipynb #f730fb55
-# the settings an SFT run shares with GRPO's, with their defaults and help: taken from GRPOConfig, never written twice
-SHARED = ("prompts_per_step", "height", "width", "train_ar", "train_dit", "lr", "ar_lr", "dit_lr", "micro_batch_size",
-          "max_grad_norm", "optimizer", "weight_decay", "adam_epsilon", "temperature", "top_k", "top_p",
-          "num_inference_steps", "decode_batch", "ar_sample_batch", "dit_sample_batch", "eval_every", "save_every",
-          "keep_checkpoints", "seed", "max_consecutive_skips", "keep_results", "report_to", "run_name")
+from .config import SHARED, SFTConfig  # noqa: F401 (beside GRPOConfig, where the CLI reads it without torch)
 
-def _shared_field(name):
-    f = GRPOConfig.__dataclass_fields__[name]
-    return name, f.type, dataclasses.field(default=f.default, metadata=f.metadata)
-
-def _check_sft(self):
-    for name, low in (("prompts_per_step", 1), ("micro_batch_size", 1), ("sft_timesteps", 1), ("top_k", 0),
-                      ("num_inference_steps", 1), ("decode_batch", 1), ("ar_sample_batch", 1), ("dit_sample_batch", 1),
-                      ("eval_every", 0), ("save_every", 0), ("keep_checkpoints", 1), ("seed", 0),
-                      ("max_consecutive_skips", 0), ("keep_results", 1)):
-        self._integer(name, low)
-    for name, low, strict in (("lr", 0, True), ("ar_lr", 0, False), ("dit_lr", 0, False), ("max_grad_norm", 0, True),
-                              ("weight_decay", 0, False), ("adam_epsilon", 0, True), ("temperature", 0, True),
-                              ("guidance_scale", 0, False)):
-        self._number(name, low, strict)
-    if not (self._finite(self.top_p) and 0 < self.top_p <= 1): raise self._bad("top_p", "in (0, 1]")
-    self._check_choices()
-    self._check_trackers()
-    for name in ("train_ar", "train_dit"):
-        if not isinstance(getattr(self, name), bool): raise self._bad(name, "True or False")
-    if not (self.train_ar or self.train_dit): raise ValueError("SFTConfig: train_ar and train_dit are both False; nothing would train.")
-    if self.height is not None or self.width is not None:
-        check_image_size(IMAGE_BLOCK if self.height is None else self.height,
-                         IMAGE_BLOCK if self.width is None else self.width, "SFTConfig")
-
-SFTConfig = dataclasses.make_dataclass("SFTConfig", [
-    *map(_shared_field, SHARED),
-    ("sft_timesteps", int, setting(1, "the DiT's noise levels per target image and step, drawn from the stock schedule")),
-    ("guidance_scale", float, setting(1.5, "classifier-free guidance of the evaluation's images")),
-], bases=(Settings,), namespace={"__post_init__": _check_sft, "__doc__":
-    "Every setting of a supervised run: GRPO's where they mean the same (batches, learning rates, evaluation's sampling, "
-    "checkpoints, trackers), plus the DiT's noise levels per image."})
-SFTConfig.__module__ = __name__   # where the docs and pickles find it
 
 # %% ../nbs/05j_sft.ipynb #3afd41d0
 @dataclass
@@ -294,3 +256,33 @@ def _progress(self: SFTTrainer, res) -> tuple[dict, str]:
     m = res.metrics
     losses = {k.split("/")[0]: f"{m[k]:.4f}" for k in ("ar/sft_loss", "dit/sft_loss") if k in m}
     return losses, f"step {res.step}: " + ", ".join(f"{k} loss {v}" for k, v in losses.items()) + f", {sum(res.seconds.values()):.2f} s"
+
+SFT_TAGS = ("glm-image", "lora", "sft", "glm_grpo_nb")   # the model card's tags
+
+@patch
+def _card_training(self: SFTTrainer, base: str) -> tuple[str, tuple[str, ...], list[str]]:
+    "The model card's title, tags and lines: the data, the steps, each half's loss over the first and last steps."
+    import glm_grpo_nb
+    c, p, d = self.config, self.policy, self.dataset
+    seen = self.step_count * c.prompts_per_step * self.accelerator.num_processes
+    taken = [r for r in self.history if not r.get("skipped")]
+    k = max(1, min(5, len(taken) // 2))   # steps averaged at each end
+    def ends(half):
+        v = [r[f"{half}/sft_loss"] for r in taken if f"{half}/sft_loss" in r]
+        return (f"{sum(v[:k]) / len(v[:k]):.4f}", f"{sum(v[-k:]) / len(v[-k:]):.4f}") if v else ("—", "—")
+    halves = []
+    if c.train_ar: halves.append(("AR (`vision_language_encoder`)", "cross-entropy of the target's visual tokens",
+                                  _lora(p.ar_peft), _half_lr(c, "ar"), *ends("ar")))
+    if c.train_dit: halves.append(("DiT (`transformer`)", f"flow-matching loss on the target's latents ({c.sft_timesteps} "
+                                   "noise level(s) per target and step)", _lora(p.transformer if p.has_dit_lora else None),
+                                   _half_lr(c, "dit"), *ends("dit")))
+    rows = "source and target pairs (image-to-image)" if d.has_sources else "prompts with their target images"
+    lines = [f"LoRA adapters for [{base}](https://huggingface.co/{base}) fine-tuned on images (supervised: each half's "
+             f"pre-training loss on the targets) by glm_grpo_nb {glm_grpo_nb.__version__}: {self.step_count} steps, "
+             f"{seen} targets seen ({c.prompts_per_step} per step and process, {seen / len(d):.1f} passes over the data), "
+             f"{_setup(self)}", "", "## Data", "",
+             f"{len(d)} {rows}" + (f" from `{d.origin}`" if d.origin else "") + f" (fingerprint {d.fingerprint()}).", "",
+             f"| half | loss | LoRA | learning rate | loss, first {k} steps | loss, last {k} steps |", "|---|---|---|---|---|---|",
+             *[f"| {h} | {o} | {l} | {r:g} | {a} | {b} |" for h, o, l, r, a, b in halves], ""]
+    return "GLM-Image adapters fine-tuned on images (SFT)", SFT_TAGS, lines
+

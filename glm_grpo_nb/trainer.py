@@ -116,6 +116,7 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         dit_reward_fn=None,          # reward for the DiT half (default: reward_fn)
         eval_prompts=None,           # prompts (or dataset) for `evaluate()`
         eval_reward=None,            # a held-out reward `evaluate()` also scores with (not trained on: shows reward hacking)
+        init_adapters: str | Path | None = None,  # start from these adapters (e.g. an SFT run's adapters/): `policy.start_from`
         output_dir: str | Path | None = None,  # metrics.jsonl and checkpoints
         log_with=None,               # accelerate trackers, e.g. "tensorboard" or "wandb" (the same as report_to=)
         accelerator=None,            # an accelerate.Accelerator; default: a new one
@@ -133,6 +134,8 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
             w, h = self._default_size()
             c = c.replace(height=h if c.height is None else c.height, width=w if c.width is None else c.width)
         self.config = c
+        if init_adapters is not None: policy.start_from(init_adapters)   # before the run's record names what it began from
+        policy.reference_policy = c.reference_policy
         ar_named, dit_named = self._open_run(output_dir, log_with, accelerator, _resuming)
         # what each half trains with (objectives); the DiT's also says how the DiT samples, trained or not
         self.objectives = {"ar": TokenGRPO(), "dit": make_objective(c.dit_objective)}
