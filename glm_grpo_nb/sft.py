@@ -55,7 +55,11 @@ def _target_codes(self: GlmImagePolicy, targets: list[Image.Image], grid: tuple[
     h, w = grid
     size = (w * IMAGE_BLOCK, h * IMAGE_BLOCK)
     ims = [im.convert("RGB") if im.size == size else im.convert("RGB").resize(size, Image.BICUBIC) for im in targets]
-    enc = self.processor.image_processor(images=ims, return_tensors="pt")
+    ip, px = self.processor.image_processor, size[0] * size[1]
+    # the grid's own size even where it is below the processor's smallest (GLM-Image's: 512², so a 256² image's large
+    # grid would be encoded from an upscaled copy, at 16 x 16 instead of 8 x 8)
+    low, high = (getattr(ip.size, k, None) or px for k in ("shortest_edge", "longest_edge"))
+    enc = ip(images=ims, return_tensors="pt", size={"shortest_edge": min(low, px), "longest_edge": max(high, px)})
     if enc["image_grid_thw"][:, 1:].tolist() != [[h, w]] * len(ims):
         raise ValueError(f"rollout_from_images: the processor gave grids {enc['image_grid_thw'].tolist()} for {size[0]}x{size[1]} "
                          f"images instead of {h}x{w}; use a size between the processor's minimum and maximum.")

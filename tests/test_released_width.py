@@ -1,10 +1,12 @@
-"""The released model's width, vocabulary, token ids and glyph encoder, one layer per stack: a whole NF4 GRPO step on
-the CPU, in a fresh process (so what bitsandbytes prints on first import is seen too)."""
+"""The released model's width, vocabulary, token ids and glyph encoder, one layer per stack: a whole NF4 GRPO step and
+an SFT step on the CPU, in a fresh process (so what bitsandbytes prints on first import is seen too), and the memory
+plan of that SFT step."""
 import json
 import subprocess
 import sys
 import textwrap
 
+import pytest
 from conftest import clean_env
 
 SCRIPT = textwrap.dedent('''
@@ -51,18 +53,46 @@ SCRIPT = textwrap.dedent('''
                ratios=[m[k] for k in ("ar/first_ratio_min", "ar/first_ratio_max", "dit/first_ratio_min",
                                       "dit/first_ratio_max")], gap=m["ar/sampler_gap"],
                loss=[m.get("ar/loss"), m.get("dit/loss")])
+
+    # supervised fine-tuning on a target, then its step's memory plan, at the same width
+    from PIL import Image
+    from glm_grpo_nb.memory import plan
+    from glm_grpo_nb.sft import SFTTrainer
+    prompt, target = "a red sign that says 'GRPO'", Image.new("RGB", (256, 256), (200, 30, 30))
+    own = policy.rollout_from_images([prompt], [target], 256, 256)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+    s = SFTTrainer(policy, [{"prompt": prompt, "target": target}], prompts_per_step=1, height=256, width=256, lr=1e-3,
+                   seed=0)
+    sres = s.step()
+    moved = {h: any(not torch.equal(p, before[n]) for n, p in policy.named_parameters() if p.requires_grad and n.startswith(k))
+             for h, k in (("ar", "vision_language_encoder."), ("dit", "transformer."))}
+    mods = dict(ar=policy.ar, dit=policy.transformer, text_encoder=policy.text_encoder, vae=policy.vae)
+    sp = plan(height=256, width=256, modules=mods, load_in_4bit=True, dtype=str(policy.dit_dtype).removeprefix("torch."),
+              prompts_per_step=1, lora_rank=4, sft_timesteps=1)
+    out["sft"] = dict(tokens=int(own.completion_mask.sum()), skipped=sres.skipped, moved=moved,
+                      losses=[sres.metrics["ar/sft_loss"], sres.metrics["dit/sft_loss"]],
+                      phases=sorted(sp.phases), peak=sp.peak, grpo_peak=plan(height=256, width=256, modules=mods,
+                      load_in_4bit=True, dtype=str(policy.dit_dtype).removeprefix("torch."), prompts_per_step=1,
+                      group_size=2, lora_rank=4).peak)
     print(json.dumps(out))
 ''')
 
 
-def test_one_nf4_step_at_the_released_width(tmp_path):
-    script = tmp_path / "released_width.py"
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    "The script's run: (its output, its stderr)."
+    tmp = tmp_path_factory.mktemp("released_width")
+    script = tmp / "released_width.py"
     script.write_text(SCRIPT)
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=clean_env(), cwd=tmp_path,
-                       timeout=600)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=clean_env(), cwd=tmp,
+                       timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "gemm_4bit_forward" not in r.stderr, r.stderr[-2000:]   # bitsandbytes' notice of a Hub kernel, hushed
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+def test_one_nf4_step_at_the_released_width(released):
+    out, stderr = released
+    assert "gemm_4bit_forward" not in stderr, stderr[-2000:]   # bitsandbytes' notice of a Hub kernel, hushed
     assert (out["hidden"], out["vocab"], out["head"], out["glyph_width"]) == (4096, 168064, 16512, 1472)
     assert out["layers"] == [1, 1, 1, 1]
     assert out["dense_ar"] == ["lm_head"] and out["dense_dit_blocks"] == []   # NF4 as from_pretrained makes them
@@ -75,3 +105,13 @@ def test_one_nf4_step_at_the_released_width(tmp_path):
     lo_ar, hi_ar, lo_dit, hi_dit = out["ratios"]   # the first optimiser step starts at the sampling policy
     assert abs(lo_ar - 1) < 1e-2 and abs(hi_ar - 1) < 1e-2 and abs(lo_dit - 1) < 1e-5 and abs(hi_dit - 1) < 1e-5, out
     assert all(v is not None and v == v for v in out["loss"]) and out["gap"] < 0.1, out
+
+
+def test_an_sft_step_and_its_plan_at_the_released_width(released):
+    sft = released[0]["sft"]
+    assert sft["tokens"] == 320   # the target's own tokens in the sampler's layout: the 16x16 preview, then 8x8
+    assert not sft["skipped"] and all(v == v and 0 < v < 50 for v in sft["losses"]), sft
+    assert sft["moved"] == {"ar": True, "dit": True}, sft   # both halves' adapters took the step
+    # the plan of that step: no sampling, the targets encoded, each half's update; below a GRPO step's of 2 samples
+    assert sft["phases"] == ["encode targets", "update AR", "update DiT"], sft
+    assert 0 < sft["peak"] < sft["grpo_peak"], sft
