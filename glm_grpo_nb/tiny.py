@@ -177,7 +177,7 @@ def _write_model(path: Path, parts: dict, where: str, size: tuple[int, int]) -> 
     return path
 
 # %% ../nbs/01_tiny.ipynb #59fc07d1
-TINY_WEIGHTS_SHA256 = "c91696e49797cb02727478c125598a96448b4ee0a1b0d2e0392b5cf35a16fcb2"
+TINY_WEIGHTS_SHA256 = "5fd7f08988367f2ab2a55d4049865bd4cebd1044aa5ee02800074d99c813223b"
 
 def _asset() -> Path:
     import glm_grpo_nb.tiny as mod
