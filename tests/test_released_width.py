@@ -48,6 +48,7 @@ SCRIPT = textwrap.dedent('''
     t = GRPOTrainer(policy, RednessReward(), [{"prompt": "a red sign that says 'GRPO'"}], group_size=2,
                     prompts_per_step=1, height=256, width=256, num_inference_steps=2, micro_batch_size=1, seed=0)
     res = t.step()
+    del policy.sample_tokens   # recorded: the GRPO step's draw
     m = res.metrics
     out.update(calls=calls, roll=roll, skipped=res.skipped, images=[i.size for i in res.images],
                ratios=[m[k] for k in ("ar/first_ratio_min", "ar/first_ratio_max", "dit/first_ratio_min",
@@ -74,6 +75,30 @@ SCRIPT = textwrap.dedent('''
                       phases=sorted(sp.phases), peak=sp.peak, grpo_peak=plan(height=256, width=256, modules=mods,
                       load_in_4bit=True, dtype=str(policy.dit_dtype).removeprefix("torch."), prompts_per_step=1,
                       group_size=2, lora_rank=4).peak)
+
+    # the sampling copy follows the adapters: after every update, its teacher-forced log-probs of a fixed token
+    # sequence equal the training forward's within the gap measured before the first of these updates
+    fixed = policy.sample_tokens([prompt], 1, 256, 256, seed=5)
+    def copy_logprobs(roll):
+        copy = policy.sampling_model()   # refreshed to the adapters as they are now
+        ar = type(policy).ar
+        type(policy).ar = property(lambda self: copy)   # token_logprobs through the copy instead of the NF4 + LoRA AR
+        try:
+            with torch.no_grad(): return policy.token_logprobs(roll)
+        finally: type(policy).ar = ar
+    def gap():
+        with torch.no_grad(): train = policy.token_logprobs(fixed)
+        return (copy_logprobs(fixed) - train).abs().max().item(), train
+    g0, start = gap()
+    # the updates: the AR's adapters moved by supervised steps (each a teacher-forced forward and backward, no sampling)
+    follow = SFTTrainer(policy, [{"prompt": prompt, "target": target}], prompts_per_step=1, height=256, width=256,
+                        lr=5e-3, seed=1, train_dit=False)
+    gaps, drift = [], []
+    for _ in range(5):
+        follow.step()
+        g, train = gap()
+        gaps.append(g); drift.append((train - start).abs().max().item())
+    out["follow"] = dict(gap0=g0, gaps=gaps, drift=drift)
     print(json.dumps(out))
 ''')
 
@@ -115,3 +140,11 @@ def test_an_sft_step_and_its_plan_at_the_released_width(released):
     # the plan of that step: no sampling, the targets encoded, each half's update; below a GRPO step's of 2 samples
     assert sft["phases"] == ["encode targets", "update AR", "update DiT"], sft
     assert 0 < sft["peak"] < sft["grpo_peak"], sft
+
+
+def test_the_sampling_copy_follows_every_update_at_the_released_width(released):
+    f = released[0]["follow"]
+    # each of 5 updates moved the policy's log-probs of the fixed sequence well beyond the gap (a copy left behind
+    # would show it), and after each the copy agrees with the training forward as closely as before the first
+    assert f["drift"][-1] > 20 * max(f["gap0"], 1e-6), f
+    assert all(g <= 2 * f["gap0"] + 1e-5 for g in f["gaps"]), f
