@@ -17,7 +17,7 @@ from .ocr import edit_distance
 # %% auto #0
 __all__ = ['BENCHMARKS', 'cvtg_target_words', 'cvtg_read_words', 'cvtg_ned', 'cvtg_word_scores', 'longtext_normalise',
            'longtext_counts', 'longtext_language', 'benchmark_parts', 'benchmark_figures', 'benchmark_metrics',
-           'read_cvtg2k', 'read_longtext', 'read_benchmark']
+           'format_benchmark', 'format_metrics', 'read_cvtg2k', 'read_longtext', 'read_benchmark']
 
 # %% ../nbs/09a_benchmarks.ipynb #09d2b327
 def cvtg_target_words(prompt: str) -> list[str]:
@@ -106,6 +106,33 @@ def benchmark_figures(benchmark: str, records: list[dict], parts: list[tuple], l
 def benchmark_metrics(benchmark: str, records: list[dict], readings: list, language: str | None = None) -> dict:
     "The benchmark's aggregate figures of images read: CVTG-2K word_accuracy and ned (and per region count); LongText text_accuracy."
     return benchmark_figures(benchmark, records, benchmark_parts(benchmark, records, readings, language), language)
+
+# %% ../nbs/09a_benchmarks.ipynb #51039bc3
+def format_benchmark(result: dict) -> str:
+    "The benchmark's table of an evaluation: one row per model, the paper's columns, each figure with its 95 % interval."
+    bench = result["settings"]["benchmark"]
+    rows = {name: s["benchmark"] for name, s in result["models"].items()}
+    if bench == "cvtg-2k":
+        cols = [k for k in next(iter(rows.values())) if k.startswith("word_accuracy/")] + ["word_accuracy", "ned"]
+        heads = [c.split("/")[1] if "/" in c else ("average" if c == "word_accuracy" else "NED") for c in cols]
+        title = "CVTG-2K (word accuracy by text regions, average; NED)"
+    else:
+        cols, lang = ["text_accuracy"], next(iter(rows.values()))["aggregate"]["language"]
+        heads, title = [f"LongText-Bench {lang.upper()}"], "LongText-Bench (text accuracy)"
+    cell = lambda f: f"{f['mean']:.4f} [{f['ci95'][0]:.4f}, {f['ci95'][1]:.4f}]"
+    width = max(len(n) for n in rows) + 2
+    lines = [title, " " * width + " | ".join(f"{h:^24}" for h in heads)]
+    lines += [f"{name:<{width}}" + " | ".join(f"{cell(b[c]):^24}" for c in cols) for name, b in rows.items()]
+    return "\n".join(lines)
+
+def format_metrics(result: dict) -> str:
+    "metrics.json as a few lines: per model, each metric's mean and 95 % interval."
+    lines = []
+    for name, s in result["models"].items():
+        parts = [f"{k} {m['mean']:.4f} [{m['ci95'][0]:.4f}, {m['ci95'][1]:.4f}]" for k, m in s["metrics"].items()]
+        lines.append(f"{name} ({s['images']} images, {s['text_images']} with text): " + ", ".join(parts))
+    if result["settings"].get("benchmark"): lines += ["", format_benchmark(result)]
+    return "\n".join(lines)
 
 # %% ../nbs/09a_benchmarks.ipynb #68affa48
 def _cvtg_files(p: Path) -> list[Path]:

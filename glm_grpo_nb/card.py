@@ -11,6 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
+from .benchmarks import format_metrics
 from .hub import atomic_write
 from .rewards import reward_name
 
@@ -37,7 +38,6 @@ def _hub_id(source) -> str | None:
 # %% ../nbs/05f_card.ipynb #df1366b5
 def _evaluation_section(evaluation: dict, image: str | None = None) -> list[str]:
     "The card's lines for an evaluation (evaluate_model's result): its table, and its side-by-side report."
-    from glm_grpo_nb.evaluation import format_metrics
     return (["## Evaluation", "", f"Base model and adapters on the same {evaluation['settings']['prompt_count']} prompts "
              "and seeds (`glm-grpo evaluate`), each mean with its 95 % interval:", "", "```", format_metrics(evaluation),
              "```", ""] + ([f"![base and adapters side by side]({image})", ""] if image else []))

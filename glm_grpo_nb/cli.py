@@ -171,7 +171,8 @@ def train(
         if not v: raise ValueError(f"train: {name} is required.")
     config = GRPOConfig().replace(**{**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
     model, allowed = _check_run("train", config, model, out, allow_changes, eval_prompts, init_adapters)
-    from glm_grpo_nb.rewards import combine, parse_rewards
+    from glm_grpo_nb.reward_spec import parse_rewards
+    from glm_grpo_nb.rewards import combine
     from glm_grpo_nb.trainer import GRPOTrainer
     reward_fn = combine(parse_rewards(reward, reward_models, wait=reward_wait))
     held = combine(parse_rewards(eval_reward, reward_models, wait=reward_wait)) if eval_reward else None
@@ -296,9 +297,9 @@ def sft(
                                                      accelerator=accelerator, **evals, **settings))
 
 def __getattr__(name: str):
-    "`cli.parse_rewards`, importable as before: it lives with the rewards now, loaded when asked for (it needs torch)."
+    "`cli.parse_rewards`, importable as before: it lives in `reward_spec` now, loaded when asked for (it needs torch)."
     if name == "parse_rewards":
-        from glm_grpo_nb.rewards import parse_rewards
+        from glm_grpo_nb.reward_spec import parse_rewards
         return parse_rewards
     raise AttributeError(f"module 'glm_grpo_nb.cli' has no attribute {name!r}")
 
@@ -316,7 +317,9 @@ def serve_reward(
 ):
     "Serve rewards over HTTP for RemoteReward: models load once, JSON with PNG images, a token beyond loopback."
     import signal, threading
-    from glm_grpo_nb.rewards import RemoteReward, combine, listen_token, parse_rewards, serve_reward as serve
+    from glm_grpo_nb.reward_spec import parse_rewards
+    from glm_grpo_nb.rewards import combine
+    from glm_grpo_nb.served import RemoteReward, listen_token, serve_reward as serve
     token = listen_token(host, token, "serve-reward", "--token T")   # before any model loads
     parts = parse_rewards(reward, reward_models)
     if any(isinstance(r, RemoteReward) for r in parts):

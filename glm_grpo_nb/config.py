@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 
 # %% auto #0
-__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'ROLLOUT_IS_MODES', 'SHARED', 'SFTConfig', 'setting', 'renamed_settings',
-           'deprecated', 'Settings', 'GRPOConfig']
+__all__ = ['RENAMED', 'TRACKERS', 'SHARED', 'SFTConfig', 'setting', 'renamed_settings', 'deprecated', 'choices', 'Settings',
+           'GRPOConfig']
 
 # %% ../nbs/05a_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
@@ -46,14 +46,30 @@ def deprecated(where: str, old: str, new: str, stacklevel: int = 4):
 # what report_to may name: accelerate's trackers (glm_grpo_nb installs tensorboard with its [trackers] extra)
 TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "all", "none")
 
-# the DiT's objectives by name (glm_grpo_nb.objectives.OBJECTIVES; named here so that the CLI's choices need no torch)
-DIT_OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")
+# Settings name what lies beneath them, and ask it when needed: the objectives and the loss need torch, importing the
+# settings (and the command line) does not. A few settings' allowed values are theirs to name:
+def _dit_objective_names() -> tuple[str, ...]:
+    "The DiT's objectives by name (`objectives.OBJECTIVE_CLASSES`): the values of `dit_objective`."
+    from glm_grpo_nb.objectives import OBJECTIVE_CLASSES
+    return tuple(OBJECTIVE_CLASSES)
 
-# the AR's corrections for the sampler's own distribution (glm_grpo_nb.loss.rollout_weights), named here for the CLI too
-ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+def _rollout_modes() -> tuple[str, ...]:
+    "The AR's corrections for the sampler's own distribution: the modes `loss.rollout_weights` computes."
+    from glm_grpo_nb.loss import ROLLOUT_IS_MODES
+    return ROLLOUT_IS_MODES
+
+def choices(f: dataclasses.Field) -> tuple | None:
+    "A setting's allowed values: written in its field, or asked of the module that defines them."
+    c = f.metadata["choices"]
+    return c() if callable(c) else c
+
+def __getattr__(name: str):   # importable from here as before: the names' owners define them
+    if name == "DIT_OBJECTIVES": return _dit_objective_names()
+    if name == "ROLLOUT_IS_MODES": return _rollout_modes()
+    raise AttributeError(f"module 'glm_grpo_nb.config' has no attribute {name!r}")
 
 def _objective(name_or_objective):
-    "The objective's class: its default settings and checks (imported here: objectives need torch, the CLI does not)."
+    "The objective's class: its default settings and checks (asked of the objectives when a config is made)."
     from glm_grpo_nb.objectives import objective_class
     return objective_class(name_or_objective)
 
@@ -62,9 +78,9 @@ class Settings:
     def _check_choices(self):
         "Every setting with few allowed values holds one of them (an objective object is checked by its own class)."
         for f in dataclasses.fields(self):
-            choices, v = f.metadata["choices"], getattr(self, f.name)
-            if choices and v not in choices and v is not None and not (f.name == "dit_objective" and not isinstance(v, str)):
-                raise self._bad(f.name, "one of " + ", ".join(map(repr, choices)))
+            choices_, v = choices(f), getattr(self, f.name)
+            if choices_ and v not in choices_ and v is not None and not (f.name == "dit_objective" and not isinstance(v, str)):
+                raise self._bad(f.name, "one of " + ", ".join(map(repr, choices_)))
 
     def _check_trackers(self):
         trackers = [t.strip() for t in str(self.report_to).split(",")]
@@ -149,7 +165,7 @@ class GRPOConfig(Settings):
                                  "(flow_grpo with each step's log-ratio normalised and 1/|dt| weights), awm (advantage "
                                  "weighted matching), dgpo (direct group preference optimisation) or nft "
                                  "(DiffusionNFT: the forward process of the clean samples; ODE sampling); in Python "
-                                 "also an Objective object (glm_grpo_nb.objectives)", DIT_OBJECTIVES)
+                                 "also an Objective object (glm_grpo_nb.objectives)", _dit_objective_names)
     mode: str = setting("joint", "joint: one group for both halves; decoupled: a group per half",
                         ("joint", "decoupled"))
     lr: float = setting(1e-4, "learning rate of both halves unless ar_lr / dit_lr are given")
@@ -219,7 +235,7 @@ class GRPOConfig(Settings):
                                                            "distribution (the sampling copy's log-probs against the "
                                                            "training forward's): token_truncate, token_mask, "
                                                            "sequence_truncate or sequence_mask (ms-swift's names); None: "
-                                                           "off, the mismatch is still measured", ROLLOUT_IS_MODES)
+                                                           "off, the mismatch is still measured", _rollout_modes)
     rollout_importance_sampling_threshold: float = setting(2.0, "the importance weights' bound C: truncate caps them at "
                                                            "C, mask drops the tokens (or images) above it")
     # bookkeeping

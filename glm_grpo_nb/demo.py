@@ -16,6 +16,13 @@ DEMO_PROMPTS = ["a blue square on a white background", "a green circle on a gray
 
 def _report(history, before, after, evals, path, heldout=None):
     "report.png: reward per step (mean ± std, and the fixed evaluation), and the same groups before and after."
+    fig = _report_figure(history, before, after, evals, heldout)   # sets matplotlib's Agg backend unless one is chosen
+    fig.savefig(path, dpi=90)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+def _report_figure(history, before, after, evals, heldout=None):
+    "The report's figure: the curves on the left, each group's images before and after on the right."
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
@@ -23,9 +30,10 @@ def _report(history, before, after, evals, path, heldout=None):
     from glm_grpo_nb.loss import group_advantages
     G, n = before.group_size, len(before.images)
     fig = plt.figure(figsize=(15, 5.6))
-    grid = fig.add_gridspec(2, n + 1, width_ratios=[n * 0.75] + [1] * n, left=0.05, right=0.99, top=0.84, bottom=0.1,
-                            wspace=0.08, hspace=0.45)
-    ax = fig.add_subplot(grid[:, 0])
+    # the curves, then the images: a gap between them wide enough for the right-hand axis's ticks and label
+    outer = fig.add_gridspec(1, 2, width_ratios=[n * 0.75, n], left=0.05, right=0.99, top=0.84, bottom=0.1, wspace=0.16)
+    grid = outer[0, 1].subgridspec(2, n, wspace=0.08, hspace=0.45)
+    ax = fig.add_subplot(outer[0, 0])
     rows = [h for h in history if "reward_mean" in h]
     steps, mean = [h["step"] + 1 for h in rows], [h["reward_mean"] for h in rows]
     std = [h.get("reward_std", 0.0) for h in rows]
@@ -37,7 +45,7 @@ def _report(history, before, after, evals, path, heldout=None):
     ax.set_xlabel("after step"); ax.set_ylabel("reward (redness)")
     right = ax.twinx()   # a group whose images become alike while the reward rises is a policy hacking the reward
     right.plot(steps, [h.get("diversity", float("nan")) for h in rows], color="gray", lw=1, ls=":", label="within-group diversity (right)")
-    right.set_ylim(bottom=0); right.tick_params(labelsize=7)
+    right.set_ylim(bottom=0); right.tick_params(labelsize=7); right.set_ylabel("within-group diversity", fontsize=7)
     ax.legend(handles=ax.lines + right.lines, fontsize=7, loc="lower right")
     k = max(1, len(mean) // 4)
     first, last, e = sum(mean[:k]) / k, sum(mean[-k:]) / k, list(evals.values())
@@ -46,14 +54,13 @@ def _report(history, before, after, evals, path, heldout=None):
     for row, (res, label) in enumerate(((before, "before training"), (after, f"after {len(rows)} steps"))):
         adv = group_advantages(res.reward.total, G)[0]
         for i in range(n):
-            a = fig.add_subplot(grid[row, i + 1])
+            a = fig.add_subplot(grid[row, i])
             a.imshow(res.images[i]); a.set_xticks([]); a.set_yticks([])
             a.set_title(f"r {float(res.reward.total[i]):+.2f}  A {float(adv[i]):+.1f}", fontsize=7)
             if i % G == 0: a.text(0, -0.35, f"{label}: {res.prompts[i]!r}", transform=a.transAxes, fontsize=8)
     fig.suptitle("GRPO on the tiny GLM-Image, reward = redness: the same prompts and noise before and after training "
                  "(r reward, A advantage in its group)", fontsize=10)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    return fig
 
 def demo(
     out: str = "runs/demo",  # output folder (also holds the tiny model it trains, in model/)
@@ -67,7 +74,9 @@ def demo(
 ):
     "Train the tiny GLM-Image towards red images with joint AR + DiT GRPO on CPU; write adapters, metrics and report.png."
     from glm_grpo_nb.policy import GlmImagePolicy
-    from glm_grpo_nb.rewards import RednessReward, combine, parse_rewards
+    from glm_grpo_nb.pixel_rewards import RednessReward
+    from glm_grpo_nb.reward_spec import parse_rewards
+    from glm_grpo_nb.rewards import combine
     from glm_grpo_nb.tiny import make_tiny_glm_image
     from glm_grpo_nb.trainer import GRPOTrainer
     out = mark_folder(out, "run", "demo: --out")   # new, empty, or an earlier demo's folder

@@ -19,13 +19,14 @@ import numpy as np
 from PIL import Image
 
 from .benchmarks import BENCHMARKS, benchmark_figures, benchmark_metrics, benchmark_parts, cvtg_target_words, cvtg_word_scores, read_benchmark
+from .benchmarks import format_benchmark, format_metrics  # noqa: F401 (beneath this module and the card)
 from .data import COLUMNS, PromptDataset
 from .hub import atomic_write
 from .image_models import PipelineModel, PolicyModel, _free_memory
 from .ocr import edit_distance, prompt_texts
 
 # %% auto #0
-__all__ = ['SAMPLERS', 'text_metrics', 'bootstrap_interval', 'format_benchmark', 'evaluate_model', 'format_metrics']
+__all__ = ['SAMPLERS', 'text_metrics', 'bootstrap_interval', 'evaluate_model']
 
 # %% ../nbs/09_evaluation.ipynb #8482415e
 def _words(text: str) -> list[str]:
@@ -94,7 +95,8 @@ def _prompt_set(prompts, split: str) -> PromptDataset:
 
 def _metric_rewards(metrics, reward_models: dict | None, ocr_min_confidence: float = 0.5) -> list:
     "The rewards `metrics` names: built-in names (model paths from `reward_models`), module:object, URLs, or rewards."
-    from glm_grpo_nb.rewards import REWARDS, RemoteReward, _user_reward, load_reward
+    from glm_grpo_nb.rewards import REWARDS, _user_reward, load_reward
+    from glm_grpo_nb.served import RemoteReward
     out = []
     for m in metrics:
         if not isinstance(m, str): out.append(m)
@@ -261,23 +263,6 @@ def _benchmark_summary(benchmark: str, records: list[dict], recs: list[dict], sa
         out[f"word_accuracy/{n} regions"] = _figure([group(i, lambda p: p[0]) for i in prompts if records[i].get("regions") == n])
     return {**out, "aggregate": benchmark_figures(benchmark, per_image, parts)}
 
-def format_benchmark(result: dict) -> str:
-    "The benchmark's table of an evaluation: one row per model, the paper's columns, each figure with its 95 % interval."
-    bench = result["settings"]["benchmark"]
-    rows = {name: s["benchmark"] for name, s in result["models"].items()}
-    if bench == "cvtg-2k":
-        cols = [k for k in next(iter(rows.values())) if k.startswith("word_accuracy/")] + ["word_accuracy", "ned"]
-        heads = [c.split("/")[1] if "/" in c else ("average" if c == "word_accuracy" else "NED") for c in cols]
-        title = "CVTG-2K (word accuracy by text regions, average; NED)"
-    else:
-        cols, lang = ["text_accuracy"], next(iter(rows.values()))["aggregate"]["language"]
-        heads, title = [f"LongText-Bench {lang.upper()}"], "LongText-Bench (text accuracy)"
-    cell = lambda f: f"{f['mean']:.4f} [{f['ci95'][0]:.4f}, {f['ci95'][1]:.4f}]"
-    width = max(len(n) for n in rows) + 2
-    lines = [title, " " * width + " | ".join(f"{h:^24}" for h in heads)]
-    lines += [f"{name:<{width}}" + " | ".join(f"{cell(b[c]):^24}" for c in cols) for name, b in rows.items()]
-    return "\n".join(lines)
-
 # %% ../nbs/09_evaluation.ipynb #51b4b871
 def _report(path: Path, summary: dict, scored, rows, paths, samples_per_prompt: int, max_prompts: int = 4):
     "report.png: the means (95 % intervals) per model, then the first prompts' first images side by side per model."
@@ -379,12 +364,3 @@ def evaluate_model(
         result["cards"] = [s for n, s in sources.items() if n != "base" and add_evaluation(s, result, out / "report.png")]
     (out / "metrics.json").write_text(json.dumps(result, indent=1))
     return result
-
-def format_metrics(result: dict) -> str:
-    "metrics.json as a few lines: per model, each metric's mean and 95 % interval."
-    lines = []
-    for name, s in result["models"].items():
-        parts = [f"{k} {m['mean']:.4f} [{m['ci95'][0]:.4f}, {m['ci95'][1]:.4f}]" for k, m in s["metrics"].items()]
-        lines.append(f"{name} ({s['images']} images, {s['text_images']} with text): " + ", ".join(parts))
-    if result["settings"].get("benchmark"): lines += ["", format_benchmark(result)]
-    return "\n".join(lines)

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from .config import ROLLOUT_IS_MODES   # named there: the command line offers them without torch
-
 # %% auto #0
-__all__ = ['group_advantages', 'aggregate', 'clipped_surrogate', 'kl_k3', 'gaussian_kl', 'mismatch_metrics', 'rollout_weights']
+__all__ = ['ROLLOUT_IS_MODES', 'group_advantages', 'aggregate', 'clipped_surrogate', 'kl_k3', 'gaussian_kl', 'mismatch_metrics',
+           'rollout_weights']
 
 # %% ../nbs/00_loss.ipynb #54a5eaa7
 def _check_rewards(rewards, group_size):
@@ -198,6 +197,10 @@ def mismatch_metrics(
                 training_ppl=ppl(logprobs), rollout_ppl=ppl(sampler_logprobs),
                 rollout_chi2_token=(torch.where(mask, torch.exp(2 * b), 0.0).sum() / n - 1).item(),
                 rollout_chi2_seq=(torch.exp(2 * d.sum(1)[rows].clamp(-20.0, 20.0)).mean() - 1).item())
+
+# the corrections `rollout_weights` computes, per token or per image, truncated or masked (ms-swift's names); the
+# settings' rollout_importance_sampling_mode takes its values from here
+ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 def rollout_weights(
     logprobs: torch.Tensor,           # [N, T] the training forward's log-probs of the sampled tokens (the old policy's)

@@ -7,6 +7,7 @@ gradients, its loss on a micro-batch, what follows a successful step, and what o
 from __future__ import annotations
 
 import contextlib
+import importlib
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from .loss import clipped_surrogate, gaussian_kl
 from .policy import to_host
 
 # %% auto #0
-__all__ = ['FORWARD_PROCESS', 'Objective', 'FlowGRPO', 'GRPOGuard', 'objective_class', 'make_objective']
+__all__ = ['FORWARD_PROCESS', 'OBJECTIVE_CLASSES', 'Objective', 'FlowGRPO', 'GRPOGuard', 'objective_class', 'make_objective']
 
 # %% ../nbs/05c_objectives.ipynb #f640a30a
 class Objective(ABC):
@@ -210,11 +211,20 @@ class GRPOGuard(FlowGRPO):
 # %% ../nbs/05c_objectives.ipynb #0da96be0
 FORWARD_PROCESS = ("ForwardProcessObjective", "DiffusionNFT", "MatchingObjective", "AWM", "DGPO")   # in forward_process
 
+# the DiT's objectives by name, each in the module of its kind: Flow-GRPO's family here, the forward-process ones in
+# `forward_process` (which builds on this module's `Objective`, so this module names them and loads them when asked,
+# as `rewards.REWARDS` does its rewards); the settings take their names from here
+OBJECTIVE_CLASSES = {"flow_grpo": "objectives.FlowGRPO", "grpo_guard": "objectives.GRPOGuard",
+                     "nft": "forward_process.DiffusionNFT", "awm": "forward_process.AWM", "dgpo": "forward_process.DGPO"}
+
+def _load(where: str):
+    "The object `module.name` of this package (its module imported when first asked)."
+    module, name = where.rsplit(".", 1)
+    return getattr(importlib.import_module(f"glm_grpo_nb.{module}"), name)
+
 def _dit_objectives() -> dict[str, type[Objective]]:
-    "The DiT's objectives by name: Flow-GRPO's family here, the forward-process ones from `forward_process`."
-    # imported when first asked, not at the top: forward_process builds on this module's `Objective`
-    from glm_grpo_nb.forward_process import AWM, DGPO, DiffusionNFT
-    return {o.name: o for o in (FlowGRPO, GRPOGuard, DiffusionNFT, AWM, DGPO)}
+    "The DiT's objectives by name, their classes."
+    return {name: _load(where) for name, where in OBJECTIVE_CLASSES.items()}
 
 def objective_class(objective, where: str = "GRPOConfig") -> type[Objective]:
     "The class of `objective`: a name in OBJECTIVES, or an Objective object."
@@ -230,10 +240,6 @@ def make_objective(objective) -> Objective:
 
 def __getattr__(name):   # what builds on Objective lives in modules of its own; importable from here too
     if name == "OBJECTIVES": return _dit_objectives()   # the DiT's, by name
-    if name == "TokenGRPO":   # the AR's objective, in token_grpo
-        from glm_grpo_nb.token_grpo import TokenGRPO
-        return TokenGRPO
-    if name in FORWARD_PROCESS:
-        import glm_grpo_nb.forward_process as forward_process
-        return getattr(forward_process, name)
+    if name == "TokenGRPO": return _load("token_grpo.TokenGRPO")   # the AR's objective
+    if name in FORWARD_PROCESS: return _load(f"forward_process.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

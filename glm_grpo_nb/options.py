@@ -14,7 +14,7 @@ import typing
 
 from fastcore.docments import docments
 
-from .config import RENAMED, GRPOConfig
+from .config import RENAMED, GRPOConfig, choices
 
 # %% auto #0
 __all__ = ['TRAIN_DEFAULTS', 'config_options', 'command_parser']
@@ -39,7 +39,7 @@ def config_options(parser: argparse.ArgumentParser, defaults: dict = TRAIN_DEFAU
     for f in dataclasses.fields(config_class):
         default = defaults.get(f.name, f.default)
         shown = "" if default is None else f" (default: {default})"   # None's meaning is in the help itself
-        _add_option(parser, f.name, hints[f.name], f.metadata["help"] + shown, f.metadata["choices"], list_metavar="STEP")
+        _add_option(parser, f.name, hints[f.name], f.metadata["help"] + shown, choices(f), list_metavar="STEP")
     return parser
 
 def _list_metavar(name: str, kind) -> str:

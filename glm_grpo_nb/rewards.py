@@ -24,7 +24,7 @@ from .loss import group_advantages
 # %% auto #0
 __all__ = ['CALL_NAMES', 'REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores',
            'reward_columns', 'columns_for', 'call_reward', 'evaluate_reward', 'RewardServiceError',
-           'check_reward_signature', 'load_reward', 'CombinedReward', 'combine', 'reward_models', 'parse_rewards']
+           'check_reward_signature', 'load_reward', 'CombinedReward', 'combine', 'reward_models']
 
 # %% ../nbs/03_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -188,7 +188,8 @@ _MOVED = {"pixel_rewards": ("images_to_tensor", "ssim", "MSEReward", "PSNRReward
                   "TransformersOCR", "OCRReward"),
           "model_rewards": ("CLIPScoreReward", "PickScoreReward", "AestheticReward", "PerceptualReward"),
           "served": ("TOKEN_ENV", "listen_token", "png_base64", "image_from_base64", "reward_app", "RewardServer",
-                     "serve_reward", "serve_app", "http_request", "RemoteReward", "JUDGE_QUESTIONS", "VLMJudgeReward")}
+                     "serve_reward", "serve_app", "http_request", "RemoteReward", "JUDGE_QUESTIONS", "VLMJudgeReward"),
+          "reward_spec": ("parse_rewards",)}
 
 def __getattr__(name: str):
     "Names of the reward modules, importable from `glm_grpo_nb.rewards` as they always were (loaded when first used)."
@@ -280,24 +281,3 @@ def reward_models(spec: str) -> dict[str, str]:
         if not path: raise ValueError(f"--reward-models: {part!r} should be NAME=PATH.")
         out[name] = path
     return out
-
-def parse_rewards(spec: str, models: str = "", wait: float | None = None) -> dict:
-    "'ssim=1,clip=0.5' -> {reward: weight} for `combine`: built-in names (models by 'clip=PATH'), module:object, or URLs."
-    # the command line's reward spec; wait: seconds a served reward may be away (default: RemoteReward's)
-    from glm_grpo_nb.served import RemoteReward
-    model_of = reward_models(models)
-    out = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, eq, w = part.rpartition("=") if "=" in part else (part, "", "")
-        try: weight = float(w) if eq else 1.0
-        except ValueError: raise ValueError(f"--reward: the weight in {part!r} is not a number.")
-        if re.match(r"https?://", name):   # served: glm-grpo serve-reward
-            out[RemoteReward(name, **({} if wait is None else {"wait": wait}))] = weight
-        elif ":" in name: out[_user_reward(name)] = weight
-        elif name not in REWARDS:
-            raise ValueError(f"--reward: unknown reward {name!r}; choose from {', '.join(sorted(REWARDS))}, "
-                             "module:object for your own, or the URL of a reward server.")
-        else: out[load_reward(name, **({"model": model_of[name]} if name in model_of else {}))] = weight
-    if not out: raise ValueError("--reward: pass at least one reward, e.g. --reward ssim=1.")
-    return out
-

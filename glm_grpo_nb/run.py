@@ -21,11 +21,12 @@ from tqdm.auto import tqdm
 from .checkpoint import (checkpoints, damaged, identity_differences, read_checkpoint, read_tensors,
                                     resolve_checkpoint, rng_state, run_identity, set_rng_state, truncate_metrics,
                                     write_checkpoint)
-from .config import DIT_OBJECTIVES, GRPOConfig, renamed_settings
+from .config import GRPOConfig, renamed_settings
 from .data import PromptDataset
 from .faults import TrainingStopped, _StopOnSignals
 from .hub import atomic_write, remove_leftovers
 from .flow import concat_trajectories
+from .objectives import OBJECTIVE_CLASSES
 from .policy import GlmImagePolicy, mix_seed, to_host
 from .rewards import evaluate_reward
 from .run_setup import RUN_CONFIG, PACKAGES, RunSetup  # noqa: F401 (importable from here too)
@@ -351,7 +352,7 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
     if "output_dir" not in overrides and ckpt.parent.name == "checkpoints": overrides["output_dir"] = ckpt.parent.parent
     stored = dict(state["config"])   # an objective object is stored by its name: the one passed here takes its place
     if "dit_objective" in overrides: stored["dit_objective"] = overrides["dit_objective"]
-    elif "dit_objective" in stored and stored["dit_objective"] not in DIT_OBJECTIVES:
+    elif "dit_objective" in stored and stored["dit_objective"] not in OBJECTIVE_CLASSES:
         raise ValueError(f"resume: {ckpt} was trained with dit_objective {stored['dit_objective']!r}, an objective of "
                          "your own; pass dit_objective=<that objective object> to resume it.")
     try: stored = (cls.config_class or GRPOConfig).from_dict(stored)

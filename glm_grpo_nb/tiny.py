@@ -180,8 +180,8 @@ def _write_model(path: Path, parts: dict, where: str, size: tuple[int, int]) -> 
 TINY_WEIGHTS_SHA256 = "5fd7f08988367f2ab2a55d4049865bd4cebd1044aa5ee02800074d99c813223b"
 
 def _asset() -> Path:
-    import glm_grpo_nb.tiny as mod
-    p = Path(mod.__file__).parent / "assets" / "tiny_glm_image.safetensors"
+    from importlib.resources import files
+    p = Path(str(files("glm_grpo_nb") / "assets" / "tiny_glm_image.safetensors"))   # the installed package's file
     if not p.exists():
         raise ValueError(f"the trained tiny weights {p} are missing from this installation; reinstall glm_grpo_nb "
                          "or pass pretrained=False for random weights.")

@@ -53,3 +53,54 @@ def test_readme_names_files_that_ship():
     assert not missing, missing
     prompts = (ROOT / "examples/t2i/prompts.txt").read_text().splitlines()
     assert sorted(p.name for p in (ROOT / "examples/t2i/target_images").iterdir()) == [f"{i}.png" for i in range(len(prompts))]
+
+
+def _package_imports() -> dict[str, set[str]]:
+    "{module: the package's modules it imports}, read from every import statement, at the top or inside a function."
+    import ast
+    pkg = ROOT / "glm_grpo_nb"
+    names = {f.stem for f in pkg.glob("*.py") if f.stem not in ("__init__", "_modidx")}
+    graph = {}
+    for name in names:
+        edges = set()
+        for node in ast.walk(ast.parse((pkg / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level == 1: target = mod.split(".")[0] if mod else None   # from .x import y / from . import x
+                elif mod.startswith("glm_grpo_nb."): target = mod.split(".")[1]
+                elif mod == "glm_grpo_nb": target = None
+                else: continue
+                targets = [target] if target else [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name.split(".")[1] for a in node.names if a.name.startswith("glm_grpo_nb.")]
+            else: continue
+            edges |= {t for t in targets if t in names}
+        graph[name] = edges
+    return graph
+
+
+def test_no_import_circles():
+    "Each module imports only modules beneath it: no module reaches itself through the package's imports (any depth)."
+    graph = _package_imports()
+    circles = []
+    def reach(start):
+        seen, todo = set(), [(m, [start, m]) for m in graph[start]]
+        while todo:
+            m, path = todo.pop()
+            if m == start: circles.append(" -> ".join(path)); return
+            if m in seen: continue
+            seen.add(m)
+            todo += [(n, path + [n]) for n in graph[m]]
+    for name in sorted(graph): reach(name)
+    assert not circles, "import circles:\n  " + "\n  ".join(circles)
+
+
+def test_the_readme_maps_the_modules_bottom_to_top():
+    "The README's map lists every module at its layer (one above the highest it imports), each after what it imports."
+    import re
+    graph, readme = _package_imports(), (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| `glm_grpo_nb\.(\w+)` \|", readme[readme.index("## Modules"):], re.M)
+    order, layer = [m for _, m in rows], {m: int(n) for n, m in rows}
+    assert sorted(order) == sorted(graph), set(order) ^ set(graph)
+    for i, m in enumerate(order): assert graph[m] <= set(order[:i]), f"{m} is listed before {graph[m] - set(order[:i])}"
+    for m in graph: assert layer[m] == 1 + max((layer[n] for n in graph[m]), default=-1), m
