@@ -31,7 +31,7 @@ def _report_figure(history, before, after, evals, heldout=None):
     G, n = before.group_size, len(before.images)
     fig = plt.figure(figsize=(15, 5.6))
     # the curves, then the images: a gap between them wide enough for the right-hand axis's ticks and label
-    outer = fig.add_gridspec(1, 2, width_ratios=[n * 0.75, n], left=0.05, right=0.99, top=0.84, bottom=0.1, wspace=0.16)
+    outer = fig.add_gridspec(1, 2, width_ratios=[n * 0.75, n], left=0.05, right=0.99, top=0.84, bottom=0.1, wspace=0.07)
     grid = outer[0, 1].subgridspec(2, n, wspace=0.08, hspace=0.45)
     ax = fig.add_subplot(outer[0, 0])
     rows = [h for h in history if "reward_mean" in h]
