@@ -9,7 +9,6 @@ import dataclasses
 import inspect
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -17,11 +16,12 @@ from . import __version__
 from .config import GRPOConfig, SFTConfig
 from .options import TRAIN_DEFAULTS, command_parser, config_options, _option_style  # noqa: F401 (importable here too)
 from .demo import DEMO_PROMPTS, demo  # noqa: F401 (a command, and its prompts)
-from .hub import check_folder, check_hub_model, check_image_size, mark_folder, model_size, resolve_model
+from .hub import check_hub_model, check_image_size, model_size, resolve_model
+from .run_command import _check_run, _data_reader, _dataset_rows, _fit_run, _policy_here, process_device  # noqa: F401 (importable here too)
 
 # %% auto #0
-__all__ = ['REWARD_NAMES', 'ALLOCATOR', 'COMMANDS', 'SETTINGS', 'tiny', 'generate', 'process_device', 'train', 'sft',
-           'serve_reward', 'plan', 'evaluate', 'push', 'main']
+__all__ = ['REWARD_NAMES', 'ALLOCATOR', 'COMMANDS', 'SETTINGS', 'tiny', 'generate', 'train', 'sft', 'serve_reward', 'plan',
+           'evaluate', 'push', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def tiny(
@@ -87,31 +87,6 @@ def generate(
 
 # %% ../nbs/08_cli.ipynb #3aa3df8b
 REWARD_NAMES = ("aesthetic", "clip", "mse", "ocr", "perceptual", "pickscore", "psnr", "redness", "ssim")  # for --help
-
-def _dataset_rows(prompts, targets, sources):
-    from glm_grpo_nb.data import _folder_images
-    if not targets and not sources: return prompts
-    p = Path(prompts)
-    if p.suffix != ".txt": raise ValueError("--targets/--sources go with a .txt prompts file; a .jsonl/.csv file names its images itself.")
-    if not p.exists(): raise ValueError(f"--prompts: {p} does not exist.")
-    lines = [l.strip() for l in p.read_text(encoding="utf-8").splitlines()]
-    t = _folder_images(Path(targets)) if targets else {}
-    s = _folder_images(Path(sources)) if sources else {}
-    rows = []
-    for i, line in enumerate(lines):
-        row = {"prompt": line}
-        if targets: row["target"] = str(t[i][0]) if i in t else f"<missing {targets}/{i}.*>"
-        if sources: row["source"] = [str(x) for x in s[i]] if i in s else f"<missing {sources}/{i}.*>"
-        rows.append(row)
-    return rows
-
-def process_device(device: str | None, accelerator) -> "torch.device":
-    "This process's device: `--device` where it names one, else the accelerator's (under accelerate launch, cuda:<rank>)."
-    import torch   # here, not at import: the CLI starts without torch
-    # a bare "cuda" would put every process on the current device, cuda:0
-    asked = None if device is None else torch.device(device)
-    if asked is None or (asked.type == accelerator.device.type and asked.index is None): return accelerator.device
-    return asked
 
 def _without(args: list[str], *options: str) -> list[str]:
     "`args` without the given options and their values (--opt VALUE or --opt=VALUE)."
@@ -190,68 +165,6 @@ def train(
                     resume=lambda: GRPOTrainer.resume(out, policy, reward_fn, dataset, allow_changes=allowed,
                                                       output_dir=out, accelerator=accelerator, **evals, **settings))
 
-def _check_run(command: str, config, model, out, allow_changes: str, eval_prompts, init_adapters=None):
-    "What a training command can check before any model loads: evaluation prompts, the start, the model, --out, --allow-changes."
-    if config.eval_every and not eval_prompts:
-        raise ValueError(f"{command}: --eval-every {config.eval_every} evaluates on prompts of their own; add --eval-prompts "
-                         "FILE (a prompts file, folder or Hugging Face dataset id), or leave --eval-every out.")
-    if init_adapters is not None and not any((Path(init_adapters) / half).is_dir() for half in ("ar", "dit")):
-        raise ValueError(f"{command}: --init-adapters {init_adapters} holds neither ar/ nor dit/; pass the adapters/ folder "
-                         "a run wrote (e.g. runs/sft/adapters).")
-    model = resolve_model(model, f"{command}: --model")
-    check_folder(out, "run", f"{command}: --out")
-    check_hub_model(model, f"{command}: --model")
-    allowed = tuple(filter(None, (a.strip() for a in allow_changes.split(","))))
-    unknown = set(allowed) - {"model", "adapters", "dataset", "reward"}
-    if unknown: raise ValueError(f"{command}: --allow-changes takes model, adapters, dataset, reward; got {', '.join(sorted(unknown))}.")
-    return model, allowed
-
-def _data_reader(config, targets, sources, split, resize, prompt_column, target_column, source_column):
-    "data_of(path, what): a PromptDataset from a prompts file or folder (the training data with --targets/--sources) or a hub id."
-    from glm_grpo_nb.data import PromptDataset
-    columns = dict(prompt_column=prompt_column, target_column=target_column, source_column=source_column)
-    size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
-    def data_of(p, what):
-        hub = not Path(p).expanduser().exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", p) and not targets and not sources
-        return (PromptDataset.from_hub(p, split=split, resize=size, **columns) if hub else
-                PromptDataset(_dataset_rows(p, targets, sources) if what == "train" else p, resize=size, **columns))
-    return data_of
-
-def _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters=None):
-    "This process's accelerator and the policy on its device, with adapters for the halves that train (from --init-adapters)."
-    import torch
-    from accelerate import Accelerator
-    from glm_grpo_nb.policy import GlmImagePolicy
-    # first: under accelerate launch each process has its own GPU; without one (or with --device cpu) the processes
-    # join over gloo, which accelerate only sets up when told cpu=True (otherwise each would run alone)
-    cpu = not torch.cuda.is_available() or (device is not None and torch.device(device).type == "cpu")
-    accelerator = Accelerator(project_dir=out, cpu=cpu)
-    policy = GlmImagePolicy.from_pretrained(model, load_in_4bit=load_in_4bit,
-                                            ar_lora=ar_lora if config.train_ar else None,
-                                            dit_lora=dit_lora if config.train_dit else None,
-                                            device=process_device(device, accelerator), lora_seed=config.seed)
-    if init_adapters is not None: policy.start_from(init_adapters)   # before a resume compares what the run began from
-    return accelerator, policy
-
-def _fit_run(out, steps: int, accelerator, new, resume) -> int:
-    "Continue the run in `out` (`resume()`) or start it (`new()`), train up to `steps`, write a checkpoint and the adapters."
-    from glm_grpo_nb.checkpoint import checkpoints
-    if checkpoints(Path(out) / "checkpoints"):
-        try: trainer = resume()
-        except ValueError as e:
-            raise ValueError(f"{e}\n(--out {out} holds that run: run with the flags it was trained with, pass "
-                             "--allow-changes with the parts to change, or use another --out.)") from None
-        changed = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in trainer.changed_settings.items())
-        print(f"resumed from step {trainer.step_count} of {out}; " + (f"changed settings: {changed}" if changed else
-              "settings as stored"))
-    else: trainer = new()
-    trainer.fit(max(0, steps - trainer.step_count))
-    trainer.save()
-    trainer.save_adapters(Path(out) / "adapters")   # with its model card
-    trainer.close()
-    if accelerator.is_main_process: print(f"wrote {Path(out) / 'adapters'} and {Path(out) / 'metrics.jsonl'}")
-    return 0
-
 def sft(
     model: str = None,         # GLM-Image folder or hub id (required)
     prompts: str = None,       # prompts file (.txt/.jsonl/.csv), folder, or Hugging Face dataset id, each prompt with its target (required)
@@ -302,7 +215,6 @@ def __getattr__(name: str):
         from glm_grpo_nb.reward_spec import parse_rewards
         return parse_rewards
     raise AttributeError(f"module 'glm_grpo_nb.cli' has no attribute {name!r}")
-
 
 # %% ../nbs/08_cli.ipynb #d1c0bad7
 def serve_reward(
