@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'DEVICE_ENV', 'DIT_ADAPTE
            'atomic_write', 'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps', 'sde_window_at',
            'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder',
            'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock',
-           'hush_harmless_notices', 'quiet_io']
+           'hush_harmless_notices', 'quiet_io', 'package_object']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -431,3 +432,9 @@ def quiet_io(progress: bool = False):
         (dl.enable_progress_bar if was[1] else dl.disable_progress_bar)()
 
 hush_harmless_notices()   # every module imports this one first, so the filters are in place before upstream loads
+
+# %% ../nbs/00a_hub.ipynb #a244bc6f
+def package_object(where: str):
+    "The object `module.name` of this package, its module imported when first asked for."
+    module, name = where.rsplit(".", 1)
+    return getattr(importlib.import_module(f"glm_grpo_nb.{module}"), name)

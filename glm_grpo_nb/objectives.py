@@ -7,12 +7,12 @@ gradients, its loss on a micro-batch, what follows a successful step, and what o
 from __future__ import annotations
 
 import contextlib
-import importlib
 from abc import ABC, abstractmethod
 from pathlib import Path
 
 import torch
 
+from .hub import package_object
 from .loss import clipped_surrogate, gaussian_kl
 from .policy import to_host
 
@@ -217,14 +217,9 @@ FORWARD_PROCESS = ("ForwardProcessObjective", "DiffusionNFT", "MatchingObjective
 OBJECTIVE_CLASSES = {"flow_grpo": "objectives.FlowGRPO", "grpo_guard": "objectives.GRPOGuard",
                      "nft": "forward_process.DiffusionNFT", "awm": "forward_process.AWM", "dgpo": "forward_process.DGPO"}
 
-def _load(where: str):
-    "The object `module.name` of this package (its module imported when first asked)."
-    module, name = where.rsplit(".", 1)
-    return getattr(importlib.import_module(f"glm_grpo_nb.{module}"), name)
-
 def _dit_objectives() -> dict[str, type[Objective]]:
     "The DiT's objectives by name, their classes."
-    return {name: _load(where) for name, where in OBJECTIVE_CLASSES.items()}
+    return {name: package_object(where) for name, where in OBJECTIVE_CLASSES.items()}
 
 def objective_class(objective, where: str = "GRPOConfig") -> type[Objective]:
     "The class of `objective`: a name in OBJECTIVES, or an Objective object."
@@ -240,6 +235,6 @@ def make_objective(objective) -> Objective:
 
 def __getattr__(name):   # what builds on Objective lives in modules of its own; importable from here too
     if name == "OBJECTIVES": return _dit_objectives()   # the DiT's, by name
-    if name == "TokenGRPO": return _load("token_grpo.TokenGRPO")   # the AR's objective
-    if name in FORWARD_PROCESS: return _load(f"forward_process.{name}")
+    if name == "TokenGRPO": return package_object("token_grpo.TokenGRPO")   # the AR's objective
+    if name in FORWARD_PROCESS: return package_object(f"forward_process.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,11 +5,9 @@
 # %% ../nbs/03_rewards.ipynb #141b73d7
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import os
-import re
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -19,6 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .hub import package_object
 from .loss import group_advantages
 
 # %% auto #0
@@ -194,7 +193,7 @@ _MOVED = {"pixel_rewards": ("images_to_tensor", "ssim", "MSEReward", "PSNRReward
 def __getattr__(name: str):
     "Names of the reward modules, importable from `glm_grpo_nb.rewards` as they always were (loaded when first used)."
     for module, names in _MOVED.items():
-        if name in names: return getattr(importlib.import_module(f"glm_grpo_nb.{module}"), name)
+        if name in names: return package_object(f"{module}.{name}")
     raise AttributeError(f"module 'glm_grpo_nb.rewards' has no attribute {name!r}")
 
 # %% ../nbs/03_rewards.ipynb #76070c78
@@ -209,8 +208,7 @@ def load_reward(name: str, **kwargs) -> Reward:
     if name not in REWARDS:
         raise ValueError(f"load_reward: unknown reward {name!r}; built-ins are {', '.join(sorted(REWARDS))}, "
                          "or pass your own callable.")
-    module, cls = REWARDS[name].split(".")
-    return getattr(importlib.import_module(f"glm_grpo_nb.{module}"), cls)(**kwargs)
+    return package_object(REWARDS[name])(**kwargs)
 
 class CombinedReward(Reward):
     "Weighted sum of rewards, each validated and reported separately."
