@@ -45,7 +45,8 @@ setuptools.setup(
     python_requires=">=" + min_python,
     install_requires=reqs("requirements"),
     extras_require={"dev": reqs("dev_requirements"), "datasets": reqs("datasets_requirements"),
-                    "ocr": reqs("ocr_requirements"), "trackers": reqs("trackers_requirements")},
+                    "ocr": reqs("ocr_requirements"), "trackers": reqs("trackers_requirements"),
+                    "geneval": reqs("geneval_requirements")},
     entry_points={
         "console_scripts": cfg["console_scripts"].split(),
         "nbdev": [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"],

@@ -95,7 +95,7 @@ def _prompt_set(prompts, split: str) -> PromptDataset:
 
 def _metric_rewards(metrics, reward_models: dict | None, ocr_min_confidence: float = 0.5) -> list:
     "The rewards `metrics` names: built-in names (model paths from `reward_models`), module:object, URLs, or rewards."
-    from glm_grpo_nb.rewards import REWARDS, _user_reward, load_reward
+    from glm_grpo_nb.rewards import REWARDS, _user_reward, load_reward, reward_kwargs
     from glm_grpo_nb.served import RemoteReward
     out = []
     for m in metrics:
@@ -103,7 +103,7 @@ def _metric_rewards(metrics, reward_models: dict | None, ocr_min_confidence: flo
         elif re.match(r"https?://", m): out.append(RemoteReward(m))
         elif ":" in m: out.append(_user_reward(m))   # your own, module:object
         elif m in REWARDS:
-            kw = {"model": reward_models[m]} if m in (reward_models or {}) else {"min_confidence": ocr_min_confidence} if m == "ocr" else {}
+            kw = {**({"min_confidence": ocr_min_confidence} if m == "ocr" else {}), **reward_kwargs(m, reward_models or {})}
             out.append(load_reward(m, **kw))
         else: raise ValueError(f"evaluate_model: unknown metric {m!r}; use ocr (text metrics), a reward name "
                                f"({', '.join(sorted(REWARDS))}), module:object, a reward server's URL, or a reward object.")

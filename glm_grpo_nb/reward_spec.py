@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from .rewards import REWARDS, _user_reward, load_reward, reward_models
+from .rewards import REWARDS, _user_reward, load_reward, reward_kwargs, reward_models
 from .served import RemoteReward
 
 # %% auto #0
@@ -29,6 +29,6 @@ def parse_rewards(spec: str, models: str = "", wait: float | None = None) -> dic
         elif name not in REWARDS:
             raise ValueError(f"--reward: unknown reward {name!r}; choose from {', '.join(sorted(REWARDS))}, "
                              "module:object for your own, or the URL of a reward server.")
-        else: out[load_reward(name, **({"model": model_of[name]} if name in model_of else {}))] = weight
+        else: out[load_reward(name, **reward_kwargs(name, model_of))] = weight
     if not out: raise ValueError("--reward: pass at least one reward, e.g. --reward ssim=1.")
     return out

@@ -23,7 +23,8 @@ from .loss import group_advantages
 # %% auto #0
 __all__ = ['CALL_NAMES', 'REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores',
            'reward_columns', 'columns_for', 'call_reward', 'evaluate_reward', 'RewardServiceError',
-           'check_reward_signature', 'load_reward', 'CombinedReward', 'combine', 'reward_models']
+           'check_reward_signature', 'load_reward', 'CombinedReward', 'combine', 'reward_models', 'reward_kwargs',
+           'check_reward_rows']
 
 # %% ../nbs/03_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -201,7 +202,7 @@ def __getattr__(name: str):
 REWARDS = {"mse": "pixel_rewards.MSEReward", "psnr": "pixel_rewards.PSNRReward", "ssim": "pixel_rewards.SSIMReward",
            "redness": "pixel_rewards.RednessReward", "ocr": "ocr.OCRReward", "clip": "model_rewards.CLIPScoreReward",
            "pickscore": "model_rewards.PickScoreReward", "aesthetic": "model_rewards.AestheticReward",
-           "perceptual": "model_rewards.PerceptualReward"}
+           "perceptual": "model_rewards.PerceptualReward", "geneval": "geneval.GenEvalReward"}
 
 def load_reward(name: str, **kwargs) -> Reward:
     "A built-in reward by name; kwargs go to its constructor (model paths, device, ...)."
@@ -272,10 +273,24 @@ def _user_reward(spec: str):
     return obj
 
 def reward_models(spec: str) -> dict[str, str]:
-    "'clip=PATH,ocr=PATH' -> {reward name: model path} (the command line's --reward-models)."
+    "'clip=PATH,geneval.clip_model=PATH' -> {reward name or name.option: value} (the command line's --reward-models)."
     out = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, path = part.partition("=")
-        if not path: raise ValueError(f"--reward-models: {part!r} should be NAME=PATH.")
+        if not path: raise ValueError(f"--reward-models: {part!r} should be NAME=PATH (or NAME.OPTION=VALUE).")
         out[name] = path
     return out
+
+def reward_kwargs(name: str, models: dict) -> dict:
+    "What `load_reward(name)` is given from `reward_models`: NAME=PATH as model=PATH, NAME.OPTION=VALUE as option=VALUE."
+    kwargs = {"model": models[name]} if name in models else {}
+    return {**kwargs, **{k.split(".", 1)[1]: v for k, v in models.items() if k.startswith(name + ".")}}
+
+def check_reward_rows(reward, dataset, where: str = "reward") -> None:
+    "Let each reward that checks its rows (`check_rows`, e.g. GenEval's metadata) refuse bad ones before any model loads."
+    parts = [r for _, r, _ in reward.parts] if getattr(reward, "parts", None) else [reward]
+    rows = None
+    for r in parts:
+        if callable(getattr(r, "check_rows", None)):
+            rows = rows or [{"prompt": e.prompt, **(e.columns or {})} for e in dataset.examples]
+            r.check_rows(rows, f"{where} {reward_name(r)!r}")
