@@ -69,7 +69,7 @@ def longtext_counts(texts: list[str], lines: str | list[str], language: str = "e
     return sum((Counter(gt) & Counter(got)).values()), len(gt)
 
 # %% ../nbs/09a_benchmarks.ipynb #d4f6db8b
-BENCHMARKS = ("cvtg-2k", "longtext")
+BENCHMARKS = ("cvtg-2k", "longtext", "geneval")   # geneval: judged by glm_grpo_nb.geneval
 
 def _check_benchmark(benchmark: str, where: str):
     if benchmark not in BENCHMARKS:
@@ -82,6 +82,8 @@ def longtext_language(records: list[dict]) -> str:
 def benchmark_parts(benchmark: str, records: list[dict], readings: list, language: str | None = None) -> list[tuple]:
     "Each image's share of the benchmark's figure: CVTG-2K (hits, NEDs) per target word; LongText (matched, asked)."
     _check_benchmark(benchmark, "benchmark_parts")
+    if benchmark == "geneval": raise ValueError("benchmark_parts: GenEval judges images, not readings; use "
+                                                "glm_grpo_nb.geneval (judge, geneval_scores).")
     if len(records) != len(readings):
         raise ValueError(f"benchmark_parts: {len(records)} records but {len(readings)} readings; pass one record per "
                          "image (repeat a prompt's record for each of its samples) and one reading per image.")
@@ -112,7 +114,10 @@ def format_benchmark(result: dict) -> str:
     "The benchmark's table of an evaluation: one row per model, the paper's columns, each figure with its 95 % interval."
     bench = result["settings"]["benchmark"]
     rows = {name: s["benchmark"] for name, s in result["models"].items()}
-    if bench == "cvtg-2k":
+    if bench == "geneval":
+        cols = [k for k in next(iter(rows.values())) if k not in ("overall", "score", "aggregate")] + ["overall", "score"]
+        heads, title = cols, "GenEval (share of images correct per task; overall: the mean of the tasks; score: partial credit)"
+    elif bench == "cvtg-2k":
         cols = [k for k in next(iter(rows.values())) if k.startswith("word_accuracy/")] + ["word_accuracy", "ned"]
         heads = [c.split("/")[1] if "/" in c else ("average" if c == "word_accuracy" else "NED") for c in cols]
         title = "CVTG-2K (word accuracy by text regions, average; NED)"

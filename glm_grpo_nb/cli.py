@@ -147,7 +147,7 @@ def train(
     config = GRPOConfig().replace(**{**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
     model, allowed = _check_run("train", config, model, out, allow_changes, eval_prompts, init_adapters)
     from glm_grpo_nb.reward_spec import parse_rewards
-    from glm_grpo_nb.rewards import combine
+    from glm_grpo_nb.rewards import check_reward_rows, combine
     from glm_grpo_nb.trainer import GRPOTrainer
     reward_fn = combine(parse_rewards(reward, reward_models, wait=reward_wait))
     held = combine(parse_rewards(eval_reward, reward_models, wait=reward_wait)) if eval_reward else None
@@ -158,6 +158,8 @@ def train(
         raise ValueError(f"train: --reward {reward} compares with {need[:-1]} images, but {n} of {len(dataset)} prompts "
                          f"have one; pass --{need} DIR (an image per prompt line: 0.png, 1.png, ...) or a .jsonl/.csv "
                          f"prompts file with a '{need[:-1]}' column.")
+    check_reward_rows(reward_fn, dataset, "train: --reward")   # e.g. GenEval's metadata, before any model loads
+    if evals["eval_prompts"] is not None: check_reward_rows(held or reward_fn, evals["eval_prompts"], "train: --eval-prompts, reward")
     accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters)
     return _fit_run(out, steps, accelerator,
                     new=lambda: GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out,
@@ -321,14 +323,14 @@ def evaluate(
     reward_models: str = "",     # models of model-based metrics: clip=PATH,pickscore=PATH
     out: str = "runs/eval",      # output folder: metrics.json, samples.csv, report.png, images/ (run again to resume)
     split: str = "train",        # the split of a Hugging Face dataset
-    samples_per_prompt: int = 1, # images per prompt and model
+    samples_per_prompt: int = None,  # images per prompt and model (default: 4 with --benchmark geneval, else 1)
     seed: int = 0,               # image k of every model is made from seed + k
     height: int = None,          # image height, a multiple of 32 (default: the model's own)
     width: int = None,           # image width, a multiple of 32 (default: the model's own)
     num_inference_steps: int = 20,  # denoising steps of the DiT
     guidance_scale: float = 1.5, # classifier-free guidance of the DiT
     device: str = None,          # torch device (default: CUDA if available)
-    benchmark: str = None,       # cvtg-2k or longtext: --prompts is that benchmark's own file(s); prints its table
+    benchmark: str = None,       # cvtg-2k, longtext or geneval: --prompts is that benchmark's own file(s); prints its table
     ocr_min_confidence: float = 0.5,  # the OCR drops lines read with less confidence (PaddleOCR's default is 0.5 too)
     sampler: str = "policy",     # policy (batched, as training samples) or pipeline (the stock pipeline, an image at a time)
     batch_size: int = 8,         # images the policy sampler makes at once (halved on out-of-memory)

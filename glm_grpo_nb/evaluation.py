@@ -188,6 +188,8 @@ def _score(paths, rows, rewards, samples_per_prompt: int, benchmark: str | None 
                     if reads is not None and not words[k]: continue   # a reward that reads text: prompts with text only
                     part[i][key] = float(res.total[i])
                     if len(res.components) > 1: part[i].update({f"{key}/{c}": float(v[i]) for c, v in res.components.items()})
+                    if benchmark == "geneval" and key == "geneval":   # the verdict's parts: correct, strict, score, reason, boxes
+                        part[i].update({c: float(v[i]) for c, v in res.info.items()} | {c: v[i] for c, v in res.texts.items()})
                     if reads is not None and "read" not in part[i] and wanted[k]: part[i]["read"] = reads[i]
             unread = [i for i, k in enumerate(ks) if words[k] and "read" not in part[i]]
             if unread and engine is not None:   # the benchmark's targets, where the quotes the reward follows found none
@@ -204,7 +206,7 @@ _TEXT = ("word_accuracy", "ned", "whole_reading_ned", "all_words_read")
 
 def _metric_keys(records) -> list[str]:
     "The metrics of `records` (dicts per image) in the order shown: the text metrics first, then as they first appear."
-    seen = list(dict.fromkeys(k for r in records for k in r if k not in ("read", "text")))
+    seen = list(dict.fromkeys(k for r in records for k, v in r.items() if k not in ("read", "text") and not isinstance(v, str)))
     return [k for k in _TEXT if k in seen] + [k for k in seen if k not in _TEXT]
 
 def _values(v) -> list[float]: return list(v) if isinstance(v, list) else [v]   # per-word metrics hold a list per image
@@ -246,6 +248,29 @@ def _write_csv(path: Path, scored, rows, samples_per_prompt: int, seed: int, pat
 
 # %% ../nbs/09_evaluation.ipynb #cffe7464
 def _ratio(parts) -> list[float]: return [1.0] * parts[0] + [0.0] * (parts[1] - parts[0])   # (matched, asked) as words
+
+def _mean_of_tasks(tasks: list[list[list[float]]], level: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
+    "The mean of the tasks' means (GenEval's overall score) and its interval, resampling the prompts within each task."
+    rng, draws = np.random.default_rng(seed), np.zeros(resamples)
+    for groups in tasks:
+        sums, counts = np.array([sum(g) for g in groups], float), np.array([len(g) for g in groups], float)
+        pick = rng.integers(0, len(groups), (resamples, len(groups)))
+        draws += sums[pick].sum(1) / counts[pick].sum(1)
+    lo, hi = np.quantile(draws / len(tasks), [(1 - level) / 2, (1 + level) / 2])
+    return {"mean": float(np.mean([sum(map(sum, g)) / sum(map(len, g)) for g in tasks])), "ci95": [float(lo), float(hi)]}
+
+def _geneval_summary(records: list[dict], recs: list[dict], samples_per_prompt: int, files: list[Path]) -> dict:
+    "GenEval's figures of one model's images: each task's share correct, the overall mean of tasks, the partial credit."
+    from glm_grpo_nb.geneval import GenEvalVerdict, geneval_result, geneval_scores
+    group = lambda i, key: [recs[k][key] for k in range(i * samples_per_prompt, (i + 1) * samples_per_prompt)]
+    tasks = list(dict.fromkeys(r["tag"] for r in records))
+    by_task = {t: [group(i, "geneval/correct") for i, r in enumerate(records) if r["tag"] == t] for t in tasks}
+    results = [geneval_result(files[k], records[k // samples_per_prompt], GenEvalVerdict(
+        bool(rec["geneval/correct"]), bool(rec["geneval/strict"]), rec["geneval/score"], rec["geneval/reason"],
+        json.loads(rec["geneval/details"]))) for k, rec in enumerate(recs)]
+    return {**{t: _figure(g) for t, g in by_task.items()}, "overall": _mean_of_tasks(list(by_task.values())),
+            "score": _figure([group(i, "geneval/score") for i in range(len(records))]), "aggregate": geneval_scores(results),
+            "results": results}
 
 def _benchmark_summary(benchmark: str, records: list[dict], recs: list[dict], samples_per_prompt: int) -> dict:
     "The benchmark's figures of one model's images, with intervals over prompts, and its own aggregate (`benchmark_figures`)."
@@ -304,7 +329,7 @@ def evaluate_model(
     out: str | Path = "runs/eval",     # output folder (an interrupted evaluation resumes in it)
     adapters=(),                       # trained adapter folders, each scored beside the base model; "NAME=FOLDER" names one
     metrics=("ocr",),                  # "ocr" (CVTG-2K's word accuracy and NED, our whole_reading_ned and all_words_read, the OCR score), reward names, module:object, URLs, rewards
-    samples_per_prompt: int = 1,       # images per prompt and model
+    samples_per_prompt: int | None = None,  # images per prompt and model (default: 4 for GenEval, as it is run, else 1)
     seed: int = 0,                     # image k of every model is made from seed + k
     height: int | None = None, width: int | None = None,   # image size (default: the model's own)
     num_inference_steps: int = 20,     # denoising steps of the DiT
@@ -313,7 +338,7 @@ def evaluate_model(
     reward_models: dict | None = None, # {reward name: model path} for model-based rewards (clip, pickscore, ...)
     device: str | None = None,         # torch device of the pipeline (default: CUDA if available)
     models: dict | None = None,        # {name: image model} instead of model/adapters: model(prompt, seed, sources) -> PIL
-    benchmark: str | None = None,      # "cvtg-2k" or "longtext": prompts= is that benchmark's own prompt file(s), scored by its rules
+    benchmark: str | None = None,      # "cvtg-2k", "longtext" or "geneval": prompts= is that benchmark's own prompt file(s), scored by its rules
     ocr_min_confidence: float = 0.5,   # lines the OCR reads with less confidence are dropped (PaddleOCR's drop_score is 0.5 too)
     sampler: str = "policy",           # "policy": batched, as training samples (PolicyModel); "pipeline": the stock pipeline, one image per call
     batch_size: int = 8,               # images a policy sampler makes at once (halved on out-of-memory)
@@ -321,14 +346,22 @@ def evaluate_model(
     progress: bool = True,
 ) -> dict:                             # what metrics.json holds
     "Generate and score images of the base model and each adapter folder on the same prompts and seeds; write a report."
+    if samples_per_prompt is None: samples_per_prompt = 4 if benchmark == "geneval" else 1
     if not isinstance(samples_per_prompt, int) or samples_per_prompt < 1:
         raise ValueError(f"evaluate_model: samples_per_prompt must be an int >= 1, got {samples_per_prompt!r}.")
     if prompts is None: raise ValueError("evaluate_model: pass prompts= (a prompts file, a list, or a dataset).")
     records = None
     if benchmark is not None:
         if benchmark not in BENCHMARKS: raise ValueError(f"evaluate_model: unknown benchmark {benchmark!r}; use one of {', '.join(BENCHMARKS)}.")
-        records = read_benchmark(benchmark, prompts)
-        prompts, metrics = PromptDataset([r["prompt"] for r in records]), ["ocr", *[m for m in metrics if m != "ocr"]]
+        if benchmark == "geneval":   # the metadata rides along as the prompts' columns, which the reward reads
+            from glm_grpo_nb.geneval import read_geneval
+            records = read_geneval(prompts)
+            judged = any(m == "geneval" or getattr(m, "name", None) == "geneval" for m in metrics)
+            prompts = PromptDataset([dict(r) for r in records])
+            metrics = [*([] if judged else ["geneval"]), *[m for m in metrics if m != "ocr"]]
+        else:
+            records = read_benchmark(benchmark, prompts)
+            prompts, metrics = PromptDataset([r["prompt"] for r in records]), ["ocr", *[m for m in metrics if m != "ocr"]]
     data = _prompt_set(prompts, split)
     rows = [data[i] for i in range(len(data))]
     gen = dict(height=height, width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, device=device)
@@ -353,7 +386,13 @@ def evaluate_model(
     scored = _score(paths, rows, rewards, samples_per_prompt, benchmark)
     summary = _summary(scored, rows, samples_per_prompt)
     if benchmark is not None:
-        for name, recs in scored.items(): summary[name]["benchmark"] = _benchmark_summary(benchmark, records, recs, samples_per_prompt)
+        for name, recs in scored.items():
+            if benchmark != "geneval":
+                summary[name]["benchmark"] = _benchmark_summary(benchmark, records, recs, samples_per_prompt)
+                continue
+            s = summary[name]["benchmark"] = _geneval_summary(records, recs, samples_per_prompt, paths[name])
+            results = s.pop("results")   # each image's line, as evaluate_images.py writes it, for its summary_scores.py
+            (paths[name][0].parent / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
     result = {"settings": {**settings, "metrics": [m if isinstance(m, str) else getattr(m, "name", type(m).__name__)
                                                    for m in metrics], "prompt_count": len(rows), "benchmark": benchmark,
                            "ocr_min_confidence": ocr_min_confidence}, "models": summary}

@@ -17,7 +17,7 @@ from .card import ModelCard
 from .faults import FaultTolerance, OutOfMemory, TrainingStopped, is_out_of_memory  # noqa: F401 (documented here too)
 from .objectives import TokenGRPO, make_objective
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows
-from .rewards import (NonFiniteRewardError, RewardOutput, check_reward_signature, evaluate_reward,
+from .rewards import (NonFiniteRewardError, RewardOutput, check_reward_rows, check_reward_signature, evaluate_reward,
                                  reward_name)
 from .run import FitSummary, RunLoop, _as_dataset, _chunks, _columns  # noqa: F401 (FitSummary: documented here too)
 from .tokens import TokenRollout, concat_rollouts
@@ -153,6 +153,7 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
                                ("eval_reward", self.eval_reward, self.eval_dataset or data)):
             if fn is None: continue
             check_reward_signature(fn, role, rows.column_names)   # def r(images, prompts) fails here, not after sampling
+            check_reward_rows(fn, rows, role)                     # rows a reward cannot judge (GenEval's metadata)
             if id(fn) not in checked and hasattr(fn, "check"): fn.check()   # e.g. a reward server that is down
             checked.add(id(fn))
             for need, n in rows.unmet_needs(fn).items():
