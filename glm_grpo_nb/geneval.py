@@ -105,7 +105,7 @@ def read_geneval(path: str | Path) -> list[dict]:
     if not records: raise ValueError(f"read_geneval: {p} holds no prompts; the file is empty.")
     return records
 
-# %% ../nbs/03f_geneval.ipynb #d00c5813
+# %% ../nbs/03f_geneval.ipynb #d725fd88
 def _check_detection(d, i: int) -> None:
     if not isinstance(d, dict) or not {"label", "score", "box"} <= set(d):
         raise ValueError(f"geneval: detection {i} must be a dict with label, score, box (and mask), got {d!r}.")
@@ -119,17 +119,22 @@ def _check_detection(d, i: int) -> None:
 
 def kept_detections(detections: list[dict], tag: str) -> dict[str, list[dict]]:
     "Per class, the detections the official scorer keeps: score > 0.3 (> 0.9 in counting prompts), best first, at most 16."
-    threshold = COUNTING_THRESHOLD if tag == "counting" else THRESHOLD
-    by_class = {}
+    threshold = np.float32(COUNTING_THRESHOLD if tag == "counting" else THRESHOLD)
+    by_class, kept = {}, {}
     for i, d in enumerate(detections):
         _check_detection(d, i)
-        if d["score"] > threshold: by_class.setdefault(d["label"], []).append(d)
-    return {c: sorted(ds, key=lambda d: -d["score"])[:MAX_OBJECTS] for c, ds in by_class.items()}
+        by_class.setdefault(d["label"], []).append(d)
+    for c, ds in by_class.items():   # the scorer's own sort (numpy's argsort, reversed) over float32 scores: equal
+        scores = np.array([d["score"] for d in ds], np.float32)   # scores fall in its order, and 0.3 is float32's 0.3
+        order = [int(j) for j in np.argsort(scores)[::-1] if scores[j] > threshold][:MAX_OBJECTS]
+        if order: kept[c] = [ds[j] for j in order]
+    return kept
 
-# %% ../nbs/03f_geneval.ipynb #83c3c36f
+# %% ../nbs/03f_geneval.ipynb #2fb483cf
 def relative_position(box_a, box_b) -> set[str]:
     "Where box A stands from box B: a set of 'left of', 'right of', 'above', 'below' (evaluate_images.py's rule)."
-    a, b = np.asarray(box_a, np.float64)[:4].reshape(2, 2), np.asarray(box_b, np.float64)[:4].reshape(2, 2)
+    # in float32, as the scorer computes on mmdet's float32 boxes (a relation at its margin can turn on the last bit)
+    a, b = np.asarray(box_a, np.float32)[:4].reshape(2, 2), np.asarray(box_b, np.float32)[:4].reshape(2, 2)
     offset = a.mean(0) - b.mean(0)
     size_a, size_b = np.abs(a[1] - a[0]), np.abs(b[1] - b[0])
     revised = np.maximum(np.abs(offset) - POSITION_THRESHOLD * (size_a + size_b), 0) * np.sign(offset)
