@@ -67,3 +67,17 @@ def test_evaluate_geneval_writes_the_official_results(glm_grpo, tiny_path, tmp_p
     assert abs(metrics["benchmark"]["overall"]["mean"] - geneval_scores(results)["overall"]) < 1e-12
     assert {"geneval/correct", "geneval/strict", "geneval/score"} <= set(metrics["metrics"])
     assert all(Path(r["filename"]).exists() for r in results)
+
+
+def test_the_official_prompt_file_parses():
+    "GenEval's own evaluation_metadata.jsonl (beside the project, never part of it) is a prompts file as it is."
+    import pytest
+    from glm_grpo_nb.data import PromptDataset
+    from glm_grpo_nb.geneval import TASKS, read_geneval
+    official = ROOT.parent / "shared" / "geneval" / "evaluation_metadata.jsonl"
+    if not official.exists(): pytest.skip(f"GenEval's metadata file is not at {official}")
+    records = read_geneval(official)
+    assert len(records) == 553 and list(dict.fromkeys(r["tag"] for r in records)) == list(TASKS)
+    data = PromptDataset(official)
+    assert len(data) == 553 and data.column_names == ["tag", "include", "exclude"]
+    GenEvalReward().check_rows([data[i] for i in range(len(data))])   # nothing loaded, every line judged judgeable
