@@ -86,7 +86,7 @@ def generate(
     return 0
 
 # %% ../nbs/08_cli.ipynb #3aa3df8b
-REWARD_NAMES = ("aesthetic", "clip", "mse", "ocr", "perceptual", "pickscore", "psnr", "redness", "ssim")  # for --help
+REWARD_NAMES = ("aesthetic", "clip", "geneval", "mse", "ocr", "perceptual", "pickscore", "psnr", "redness", "ssim")  # for --help
 
 def _without(args: list[str], *options: str) -> list[str]:
     "`args` without the given options and their values (--opt VALUE or --opt=VALUE)."
