@@ -16,10 +16,9 @@ from .hub import atomic_write
 from .rewards import reward_name
 
 # %% auto #0
-__all__ = ['BASE_MODEL', 'CARD_TAGS', 'model_card', 'ModelCard', 'add_evaluation', 'push_adapters']
+__all__ = ['CARD_TAGS', 'model_card', 'ModelCard', 'add_evaluation', 'push_adapters']
 
 # %% ../nbs/05f_card.ipynb #e1c4d0de
-BASE_MODEL = "zai-org/GLM-Image"
 CARD_TAGS = ("glm-image", "lora", "grpo", "reinforcement-learning", "glm_grpo_nb")
 
 def _reward_parts(fn) -> list[tuple[str, float]]:
@@ -42,6 +41,14 @@ def _evaluation_section(evaluation: dict, image: str | None = None) -> list[str]
              "and seeds (`glm-grpo evaluate`), each mean with its 95 % interval:", "", "```", format_metrics(evaluation),
              "```", ""] + ([f"![base and adapters side by side]({image})", ""] if image else []))
 
+def _run_evaluations(evaluations: list[dict]) -> list[str]:
+    "The card's table of the evaluations during the run (`record_evaluation`): the eval prompts' rewards after n steps."
+    keys = list(dict.fromkeys(k for e in evaluations for k in e if k != "after_steps"))
+    return ["## Progress on the evaluation prompts", "", "Mean reward on the evaluation prompts during the run, fixed seeds, "
+            "one image per prompt:",
+            "", "| after step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|",
+            *[f"| {e['after_steps']} | " + " | ".join(f"{e[k]:.4f}" if k in e else "" for k in keys) + " |" for e in evaluations], ""]
+
 def _half_lr(c, half: str) -> float:
     "The learning rate of `half` (ar or dit): its own, else the shared one."
     return c.lr if getattr(c, f"{half}_lr") is None else getattr(c, f"{half}_lr")
@@ -49,8 +56,12 @@ def _half_lr(c, half: str) -> float:
 def _setup(trainer) -> str:
     "The run's images and base weights, in words (every card's)."
     c, p = trainer.config, trainer.policy
-    return (f"{c.height}x{c.width}, {'4-bit (NF4) base weights' if p.load_in_4bit else 'bf16/fp32 base weights'}."
-            + ("" if _hub_id(p.source) else f" Trained from the local folder `{p.source}`."))
+    return f"{c.height}x{c.width}, {'4-bit (NF4) base weights' if p.load_in_4bit else 'bf16/fp32 base weights'}."
+
+def _base_text(source) -> str:
+    "The model a run trained, as the card names it: a link to its Hub page, or the local folder it was loaded from."
+    hub = _hub_id(source)
+    return f"[{hub}](https://huggingface.co/{hub})" if hub else f"the GLM-Image model in the local folder `{source}`"
 
 def _grpo_training(trainer, base: str) -> tuple[str, tuple[str, ...], list[str]]:
     "A GRPO run's title, tags and lines: what was sampled, what it started from, each half's objective, the rewards."
@@ -65,10 +76,13 @@ def _grpo_training(trainer, base: str) -> tuple[str, tuple[str, ...], list[str]]
     rewards = ([("both halves", trainer.reward_fn)] if c.mode != "decoupled" else
                [("AR", trainer.ar_reward_fn), ("DiT", trainer.dit_reward_fn)])
     start, began = p.started_from, ""
-    if start is not None:   # e.g. after supervised fine-tuning
-        began = (f" Training began from the adapters in `{start['path']}` (digest {start['digest']}); the KL's reference "
-                 "was " + ("those adapters." if c.reference_policy == "start" else "the base model."))
-    lines = [f"LoRA adapters for [{base}](https://huggingface.co/{base}) trained with reinforcement learning (GRPO: a group "
+    if start is not None:   # e.g. after supervised fine-tuning; the reference is named only where a term uses it
+        ref = "those adapters" if c.reference_policy == "start" else "the base model"
+        uses = ("the KL's" if c.kl_coef > 0 else
+                "DGPO's" if c.train_dit and c.dit_objective == "dgpo" and c.dgpo_reference == "base" else None)
+        began = (f" Training began from the adapters in `{start['path']}` (digest {start['digest']})"
+                 + (f"; {uses} reference was {ref}." if uses else "."))
+    lines = [f"LoRA adapters for {base} trained with reinforcement learning (GRPO: a group "
              f"of {c.group_size} images per prompt, each pushed towards the better ones of its group) by glm_grpo_nb "
              f"{glm_grpo_nb.__version__}: {trainer.step_count} steps, {seen} images sampled ({c.prompts_per_step} prompts "
              f"per step and process, {trainer.accelerator.num_processes} process(es)), {_setup(trainer)}" + began, "",
@@ -83,19 +97,20 @@ def model_card(trainer, evaluation: dict | None = None, samples_image: str | Non
     "The README.md of a trained adapter folder: Hub metadata, how it was trained, what it scored, how to load it."
     # how it was trained is the trainer's to say (`_card_training`): GRPO's here, supervised fine-tuning's in `sft`
     c, p = trainer.config, trainer.policy
-    base = _hub_id(p.source) or BASE_MODEL
+    hub = _hub_id(p.source)   # the Hub's base_model is an id: a run on a local folder names the folder in the text
     i2i = any(e.sources for e in trainer.dataset.examples)
-    title, tags, training = trainer._card_training(base)
-    lines = ["---", f"base_model: {base}", "library_name: diffusers", f"pipeline_tag: {'image-to-image' if i2i else 'text-to-image'}",
+    title, tags, training = trainer._card_training(_base_text(p.source))
+    lines = ["---", *([f"base_model: {hub}"] if hub else []), "library_name: diffusers", f"pipeline_tag: {'image-to-image' if i2i else 'text-to-image'}",
              "tags:", *[f"- {t}" for t in (*tags, "image-to-image" if i2i else "text-to-image")], "---", "",
              f"# {title}", "", *training]
+    if getattr(trainer, "evaluations", None): lines += _run_evaluations(trainer.evaluations)
     if evaluation is not None: lines += _evaluation_section(evaluation, evaluation_image)
     if samples_image:
         lines += ["## The last training step", "", "Each image with its reward r and its advantage A within its group:", "",
                   f"![the last step's groups]({samples_image})", ""]
     lines += ["## Use", "", "With diffusers and peft alone, the adapters unmerged:", "", "```python", "import torch",
               "from diffusers import GlmImagePipeline", "from peft import PeftModel", "",
-              f'pipe = GlmImagePipeline.from_pretrained("{base}", torch_dtype=torch.bfloat16)',
+              f'pipe = GlmImagePipeline.from_pretrained("{hub or p.source}", dtype=torch.bfloat16)',
               *(['pipe.vision_language_encoder = PeftModel.from_pretrained(pipe.vision_language_encoder, "ADAPTERS/ar")']
                 if c.train_ar else []),
               *(['pipe.transformer.load_lora_adapter("ADAPTERS/dit")'] if c.train_dit else []),
@@ -107,7 +122,7 @@ def model_card(trainer, evaluation: dict | None = None, samples_image: str | Non
 # %% ../nbs/05f_card.ipynb #83d2d689
 class ModelCard:
     "The trainer's adapters with their model card (a base of GRPOTrainer and SFTTrainer)."
-    def _card_training(self, base: str) -> tuple[str, tuple[str, ...], list[str]]:
+    def _card_training(self, base: str) -> tuple[str, tuple[str, ...], list[str]]:   # base: `_base_text`
         "The card's title, tags and lines on how the adapters were trained (GRPO's; SFTTrainer says its own)."
         return _grpo_training(self, base)
 

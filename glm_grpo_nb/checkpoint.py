@@ -18,20 +18,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .hub import atomic_folder, check_digests, file_digests, remove_leftovers
+from .hub import atomic_folder, check_digests, checkpoints, file_digests, remove_leftovers  # noqa: F401 (checkpoints: importable here too)
 from .rewards import reward_name
 
 # %% auto #0
-__all__ = ['checkpoints', 'rng_state', 'set_rng_state', 'write_checkpoint', 'run_identity', 'resolve_checkpoint', 'damaged',
-           'read_checkpoint', 'identity_differences', 'read_tensors', 'truncate_metrics']
+__all__ = ['rng_state', 'set_rng_state', 'write_checkpoint', 'run_identity', 'resolve_checkpoint', 'damaged', 'read_checkpoint',
+           'identity_differences', 'read_tensors', 'truncate_metrics']
 
 # %% ../nbs/05b_checkpoint.ipynb #dff8c1d0
-def checkpoints(folder: Path) -> list[Path]:
-    "Complete checkpoints in `folder`, oldest first."
-    folder = Path(folder)
-    if not folder.is_dir(): return []
-    return sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / "trainer_state.json").exists())
-
 def rng_state() -> dict:
     "The global RNG states (torch, Python, NumPy) as JSON-able lists."
     py, npy = random.getstate(), np.random.get_state()

@@ -14,14 +14,14 @@ from pathlib import Path
 
 from . import __version__
 from .config import GRPOConfig, SFTConfig
-from .options import TRAIN_DEFAULTS, command_parser, config_options, _option_style  # noqa: F401 (importable here too)
+from .options import TRAIN_DEFAULTS, command_parser, config_of, config_options, _option_style  # noqa: F401 (importable here too)
 from .demo import DEMO_PROMPTS, demo  # noqa: F401 (a command, and its prompts)
 from .hub import check_hub_model, check_image_size, model_size, resolve_model
-from .run_command import _check_run, _data_reader, _dataset_rows, _fit_run, _policy_here, process_device  # noqa: F401 (importable here too)
+from .run_command import _check_run, _check_sizes, _data_reader, _dataset_rows, _fit_run, _policy_here, process_device  # noqa: F401 (importable here too)
 
 # %% auto #0
 __all__ = ['REWARD_NAMES', 'ALLOCATOR', 'COMMANDS', 'SETTINGS', 'tiny', 'generate', 'train', 'sft', 'serve_reward', 'plan',
-           'evaluate', 'push', 'main']
+           'evaluate', 'push', 'parser_of', 'main']
 
 # %% ../nbs/08_cli.ipynb #21acca8a
 def tiny(
@@ -144,8 +144,8 @@ def train(
     if rerun: return _rerun(rerun, out)
     for name, v in (("--model", model), ("--prompts", prompts), ("--reward", reward)):
         if not v: raise ValueError(f"train: {name} is required.")
-    config = GRPOConfig().replace(**{**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
-    model, allowed = _check_run("train", config, model, out, allow_changes, eval_prompts, init_adapters)
+    model, allowed = _check_run("train", settings.get("eval_every"), model, out, allow_changes, eval_prompts, init_adapters)
+    config = config_of(GRPOConfig, {**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before torch (the objectives') loads
     from glm_grpo_nb.reward_spec import parse_rewards
     from glm_grpo_nb.rewards import check_reward_rows, combine
     from glm_grpo_nb.trainer import GRPOTrainer
@@ -158,10 +158,11 @@ def train(
         raise ValueError(f"train: --reward {reward} compares with {need[:-1]} images, but {n} of {len(dataset)} prompts "
                          f"have one; pass --{need} DIR (an image per prompt line: 0.png, 1.png, ...) or a .jsonl/.csv "
                          f"prompts file with a '{need[:-1]}' column.")
+    _check_sizes("train", config, model, dataset, evals["eval_prompts"])
     check_reward_rows(reward_fn, dataset, "train: --reward")   # e.g. GenEval's metadata, before any model loads
     if evals["eval_prompts"] is not None: check_reward_rows(held or reward_fn, evals["eval_prompts"], "train: --eval-prompts, reward")
     accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters)
-    return _fit_run(out, steps, accelerator,
+    return _fit_run(out, steps, accelerator, evaluate_ends=bool(eval_prompts) and not config.eval_every,
                     new=lambda: GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out,
                                             accelerator=accelerator, **evals),
                     resume=lambda: GRPOTrainer.resume(out, policy, reward_fn, dataset, allow_changes=allowed,
@@ -191,8 +192,8 @@ def sft(
     "Fine-tune a GLM-Image model's adapters on your own images (supervised, before GRPO); resumes from `out` if it holds checkpoints."
     for name, v in (("--model", model), ("--prompts", prompts)):
         if not v: raise ValueError(f"sft: {name} is required.")
-    config = SFTConfig().replace(**{**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
-    model, allowed = _check_run("sft", config, model, out, allow_changes, eval_prompts)
+    model, allowed = _check_run("sft", settings.get("eval_every"), model, out, allow_changes, eval_prompts)
+    config = config_of(SFTConfig, {**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
     data_of = _data_reader(config, targets, sources, split, resize, prompt_column, target_column, source_column)
     dataset = data_of(prompts, "train")
     held = data_of(eval_prompts, "eval") if eval_prompts else None
@@ -203,10 +204,11 @@ def sft(
                              f"{missing[0]}, {data.examples[missing[0]].prompt!r}); supervised fine-tuning trains on each "
                              "prompt's target: pass --targets DIR (an image per prompt line: 0.png, 1.png, ...) or a "
                              "prompts file with a 'target' column.")
+    _check_sizes("sft", config, model, dataset, held)
     from glm_grpo_nb.sft import SFTTrainer, closeness_reward
     evals = dict(eval_prompts=held, eval_reward=closeness_reward(perceptual))
     accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config)
-    return _fit_run(out, steps, accelerator,
+    return _fit_run(out, steps, accelerator, evaluate_ends=bool(eval_prompts) and not config.eval_every,
                     new=lambda: SFTTrainer(policy, dataset, config=config, output_dir=out, accelerator=accelerator, **evals),
                     resume=lambda: SFTTrainer.resume(out, policy, dataset, allow_changes=allowed, output_dir=out,
                                                      accelerator=accelerator, **evals, **settings))
@@ -381,6 +383,15 @@ def _usage():
     lines += ["", "glm-grpo COMMAND --help shows each command's options."]
     return "\n".join(lines)
 
+def parser_of(name: str):
+    "The argument parser of the command `name`: its function's options, and one per setting where it takes settings."
+    func = COMMANDS[name]
+    more = {"reward": "; NAME is one of " + ", ".join(REWARD_NAMES)} if name in ("train", "serve-reward") else None
+    parser = command_parser(func, prog=f"glm-grpo {name}", more_help=more)
+    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(func).parameters.values()):
+        config_options(parser, TRAIN_DEFAULTS, SETTINGS[name])
+    return parser
+
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `glm-grpo` console script."
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -392,12 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOCATOR)   # read when CUDA starts, which is after this
     if name not in COMMANDS:
         print(f"glm-grpo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr); return 2
-    func = COMMANDS[name]
-    more = {"reward": "; NAME is one of " + ", ".join(REWARD_NAMES)} if name in ("train", "serve-reward") else None
-    parser = command_parser(func, prog=f"glm-grpo {name}", more_help=more)
+    func, parser = COMMANDS[name], parser_of(name)
     params = inspect.signature(func).parameters
     takes_settings = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    if takes_settings: config_options(parser, TRAIN_DEFAULTS, SETTINGS[name])
     args = vars(parser.parse_args(_option_style(parser, rest)))
     fields = {f.name for f in dataclasses.fields(SETTINGS[name])} if takes_settings else set()
     try: return func(**{k: v for k, v in args.items() if k in params or k in fields}) or 0

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 
 # %% auto #0
-__all__ = ['RENAMED', 'TRACKERS', 'SHARED', 'SFTConfig', 'setting', 'renamed_settings', 'deprecated', 'choices', 'Settings',
-           'GRPOConfig']
+__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVE_NAMES', 'ROLLOUT_IS_MODE_NAMES', 'SHARED', 'SFT_HELP', 'SFTConfig', 'setting',
+           'renamed_settings', 'deprecated', 'choices', 'Settings', 'GRPOConfig']
 
 # %% ../nbs/05a_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
@@ -46,17 +46,18 @@ def deprecated(where: str, old: str, new: str, stacklevel: int = 4):
 # what report_to may name: accelerate's trackers (glm_grpo_nb installs tensorboard with its [trackers] extra)
 TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "all", "none")
 
-# Settings name what lies beneath them, and ask it when needed: the objectives and the loss need torch, importing the
-# settings (and the command line) does not. A few settings' allowed values are theirs to name:
+# Settings name what lies beneath them: the objectives and the loss own these names (and need torch); the command line
+# offers them without importing torch, so they are written here too, and a test keeps them equal to their owners'.
+DIT_OBJECTIVE_NAMES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")   # objectives.OBJECTIVE_CLASSES
+ROLLOUT_IS_MODE_NAMES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")   # loss.ROLLOUT_IS_MODES
+
 def _dit_objective_names() -> tuple[str, ...]:
     "The DiT's objectives by name (`objectives.OBJECTIVE_CLASSES`): the values of `dit_objective`."
-    from glm_grpo_nb.objectives import OBJECTIVE_CLASSES
-    return tuple(OBJECTIVE_CLASSES)
+    return DIT_OBJECTIVE_NAMES
 
 def _rollout_modes() -> tuple[str, ...]:
     "The AR's corrections for the sampler's own distribution: the modes `loss.rollout_weights` computes."
-    from glm_grpo_nb.loss import ROLLOUT_IS_MODES
-    return ROLLOUT_IS_MODES
+    return ROLLOUT_IS_MODE_NAMES
 
 def choices(f: dataclasses.Field) -> tuple | None:
     "A setting's allowed values: written in its field, or asked of the module that defines them."
@@ -106,14 +107,24 @@ class Settings:
         "The settings a checkpoint stored (`to_dict`), old names included, as a validated config."
         return cls(**{RENAMED.get(k, k): v for k, v in d.items()})
 
+    @classmethod
+    def _known(cls, settings: dict) -> dict:
+        "`settings` under their current names; unknown names are an error that lists the known ones."
+        settings = renamed_settings(settings, cls.__name__)
+        unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown setting(s) {', '.join(unknown)}; {cls.__name__} has "
+                             f"{', '.join(f.name for f in dataclasses.fields(cls))}.")
+        return settings
+
+    @classmethod
+    def of(cls, **settings):
+        "The defaults with `settings` changed, made (and validated) once: what `cls().replace(**settings)` gives."
+        return cls(**cls._known(settings))
+
     def replace(self, **changes):
         "A copy with some settings changed (and validated); unknown names are an error that lists the known ones."
-        name = type(self).__name__
-        changes = renamed_settings(changes, name)
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            raise ValueError(f"unknown setting(s) {', '.join(unknown)}; {name} has "
-                             f"{', '.join(f.name for f in dataclasses.fields(self))}.")
+        changes = self._known(changes)
         for name in getattr(self, "_defaulted", ()):   # a setting left to its default follows what it depends on
             if name not in changes: changes[name] = None
         return dataclasses.replace(self, **changes)
@@ -256,7 +267,8 @@ class GRPOConfig(Settings):
                                        "fraction of the first step's (a sign of reward hacking; 0: never)")
 
     def __post_init__(self):
-        objective = _objective(self.dit_objective)   # a name it does not know is refused here, with the known ones
+        self._check_plain()   # the settings as given, without torch: a bad one answers before the objective is asked
+        objective = _objective(self.dit_objective)   # its recipe fills in what was left to it
         resolved = {**objective.defaults, "sde_window_every": 25 if self.sde_window_schedule == "progressive" else 1,
                     "dgpo_trunc_steps": round(0.6 * self.num_inference_steps) if isinstance(self.num_inference_steps, int) else None}
         self._defaulted = {name for name in resolved if getattr(self, name) is None}   # `replace` resolves them again
@@ -264,6 +276,19 @@ class GRPOConfig(Settings):
         if "updates_per_batch" in self._defaulted and isinstance(self.prompts_per_step, int) and self.prompts_per_step >= 1:
             # the recipe's optimiser steps, or the most that share this step's prompts out evenly
             self.updates_per_batch = max(d for d in range(1, self.updates_per_batch + 1) if self.prompts_per_step % d == 0)
+        self._check_plain()   # and what the recipe filled in
+        if self.prompts_per_step % self.updates_per_batch:
+            raise ValueError(f"GRPOConfig: updates_per_batch={self.updates_per_batch} optimiser steps share a sampled batch "
+                             f"out by whole prompts, but prompts_per_step={self.prompts_per_step} is not a multiple of it; "
+                             f"pass a prompts_per_step that is, or updates_per_batch=1.")
+        objective.check(self)   # what the objective cannot train with
+        if self.height is not None or self.width is not None:
+            check_image_size(IMAGE_BLOCK if self.height is None else self.height,
+                             IMAGE_BLOCK if self.width is None else self.width, "GRPOConfig")
+        if self.sde_window is not None: self.sde_window = sde_steps(self.sde_window, self.num_inference_steps)
+
+    def _check_plain(self):
+        "Every check that needs no objective: allowed values, ranges, switches (no torch needed)."
         self._check_choices()
         for name, low in (("group_size", 2), ("prompts_per_step", 1), ("top_k", 0), ("num_inference_steps", 1),
                           ("num_inner_epochs", 1), ("micro_batch_size", 1), ("decode_batch", 1),
@@ -295,16 +320,6 @@ class GRPOConfig(Settings):
         if self.ema_decay_max >= 1: raise self._bad("ema_decay_max", "below 1 (at 1 the EMA would never move)")
         if self.diversity_warning >= 1: raise self._bad("diversity_warning", "a fraction below 1")
         if not (self._finite(self.flash_compress) and 0 < self.flash_compress <= 1): raise self._bad("flash_compress", "in (0, 1]")
-        if self.prompts_per_step % self.updates_per_batch:
-            raise ValueError(f"GRPOConfig: updates_per_batch={self.updates_per_batch} optimiser steps share a sampled batch "
-                             f"out by whole prompts, but prompts_per_step={self.prompts_per_step} is not a multiple of it; "
-                             f"pass a prompts_per_step that is, or updates_per_batch=1.")
-        objective.check(self)   # what the objective cannot train with
-        if self.height is not None or self.width is not None:
-            check_image_size(IMAGE_BLOCK if self.height is None else self.height,
-                             IMAGE_BLOCK if self.width is None else self.width, "GRPOConfig")
-        if self.sde_window is not None: self.sde_window = sde_steps(self.sde_window, self.num_inference_steps)
-
     @property
     def num_steps(self) -> int:
         "Old name of `num_inference_steps` (warns once)."
@@ -329,10 +344,21 @@ SHARED = ("prompts_per_step", "height", "width", "train_ar", "train_dit", "lr", 
           "num_inference_steps", "decode_batch", "ar_sample_batch", "dit_sample_batch", "eval_every", "save_every",
           "keep_checkpoints", "seed", "max_consecutive_skips", "keep_results", "report_to", "run_name")
 
-def _shared_field(name):
-    "GRPOConfig's field `name` as a field of another dataclass: the same type, default and help."
+# what the shared sampling settings do in a supervised run: they make only the evaluation's images
+SFT_HELP = {"temperature": "evaluation only: the AR's sampling temperature for the evaluation's images",
+            "top_k": "evaluation only: the AR's top-k truncation for the evaluation's images (0: off)",
+            "top_p": "evaluation only: the AR's top-p truncation for the evaluation's images (1: off)",
+            "num_inference_steps": "evaluation only: denoising steps of the evaluation's images",
+            "decode_batch": "evaluation only: images the VAE decodes at once",
+            "ar_sample_batch": "evaluation only: samples the AR draws at once (default: all of an evaluation batch's)",
+            "dit_sample_batch": "evaluation only: samples the DiT denoises at once (default: all of an evaluation batch's)",
+            "keep_results": "last steps' results kept in memory for show_history (an SFT step makes no images)"}
+
+def _shared_field(name, help: dict | None = None):
+    "GRPOConfig's field `name` as a field of another dataclass: the same type and default, its help (or `help`'s)."
     f = GRPOConfig.__dataclass_fields__[name]
-    return name, f.type, dataclasses.field(default=f.default, metadata=f.metadata)
+    metadata = {**f.metadata, "help": (help or {}).get(name, f.metadata["help"])}
+    return name, f.type, dataclasses.field(default=f.default, metadata=metadata)
 
 def _check_sft(self):
     for name, low in (("prompts_per_step", 1), ("micro_batch_size", 1), ("sft_timesteps", 1), ("top_k", 0),
@@ -355,7 +381,7 @@ def _check_sft(self):
                          IMAGE_BLOCK if self.width is None else self.width, "SFTConfig")
 
 SFTConfig = dataclasses.make_dataclass("SFTConfig", [
-    *map(_shared_field, SHARED),
+    *(_shared_field(name, SFT_HELP) for name in SHARED),
     ("sft_timesteps", int, setting(1, "the DiT's noise levels per target image and step, drawn from the stock schedule")),
     ("guidance_scale", float, setting(1.5, "classifier-free guidance of the evaluation's images")),
 ], bases=(Settings,), namespace={"__post_init__": _check_sft, "__doc__":

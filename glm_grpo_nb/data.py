@@ -162,7 +162,7 @@ def _check_images(examples, size):
             w, h = wh
             if size is None and (w % IMAGE_BLOCK or h % IMAGE_BLOCK):
                 errs.append(f"row {i}: {kind} image {name} is {w}x{h}, not a multiple of {IMAGE_BLOCK}; pass "
-                            "resize=(width, height) or resize=True.")
+                            "resize=(width, height) or resize=True (glm-grpo: --resize, with --height and --width).")
     return errs
 
 # %% ../nbs/04_data.ipynb #d7e8145e
@@ -197,7 +197,7 @@ class PromptDataset:
             first = next((e.target for e in self.examples if e.target), None)
             if first is None:
                 errors.append("resize=True takes the size of the first target image, but there are no targets; "
-                              "pass resize=(width, height).")
+                              "pass resize=(width, height) (glm-grpo: --resize with --height and --width).")
             else:
                 try:
                     with open_image(first) as im: w, h = im.size

@@ -25,12 +25,12 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'DEVICE_ENV', 'DIT_ADAPTER_FILE', 'DIT_ADAPTER_PLAIN', 'AR_LORA_MODULES',
            'AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'DIT_LORA_TARGETS_FF', 'WINDOW_SCHEDULES', 'MARKER', 'DEFAULT_SIZE',
-           'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model', 'check_image_size', 'token_grid', 'default_device',
-           'same_device', 'cpu_bf16_native', 'default_dtype', 'compute_dtype', 'bf16_cost', 'check_cpu_dtype',
-           'atomic_write', 'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps', 'sde_window_at',
-           'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder',
-           'remove_leftovers', 'file_sha256', 'folder_digest', 'file_digests', 'check_digests', 'RunLock',
-           'hush_harmless_notices', 'quiet_io', 'package_object']
+           'RUN_KINDS', 'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model', 'check_image_size', 'token_grid',
+           'default_device', 'same_device', 'cpu_bf16_native', 'default_dtype', 'compute_dtype', 'bf16_cost',
+           'check_cpu_dtype', 'atomic_write', 'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps',
+           'sde_window_at', 'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder',
+           'remove_leftovers', 'checkpoints', 'run_kind', 'check_run_kind', 'file_sha256', 'folder_digest',
+           'file_digests', 'check_digests', 'RunLock', 'hush_harmless_notices', 'quiet_io', 'package_object']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -319,6 +319,31 @@ def remove_leftovers(folder: str | Path) -> list[str]:
         if p.is_dir() and p.name.startswith(".") and p.name.endswith(".tmp") and folder_kind(p) is not None:
             shutil.rmtree(p, ignore_errors=True); gone.append(p.name)
     return sorted(gone)
+
+# %% ../nbs/00a_hub.ipynb #6ebda2cb
+def checkpoints(folder: Path) -> list[Path]:
+    "Complete checkpoints in `folder`, oldest first."
+    folder = Path(folder)
+    if not folder.is_dir(): return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / "trainer_state.json").exists())
+
+RUN_KINDS = {"GRPO": ("group_size", "glm-grpo train"), "SFT": ("sft_timesteps", "glm-grpo sft")}   # a setting only it has
+
+def run_kind(settings: dict) -> str | None:
+    "The kind of run ('GRPO', 'SFT') whose settings these are, by a setting only that kind has; None if neither."
+    return next((kind for kind, (name, _) in RUN_KINDS.items() if name in settings), None)
+
+def check_run_kind(path: str | Path, kind: str, where: str) -> None:
+    "Refuse a checkpoint, or a run folder whose latest checkpoint, belongs to another kind of run than `kind`."
+    p = Path(path)
+    found = [p] if (p / "trainer_state.json").is_file() else checkpoints(p / "checkpoints") or checkpoints(p)
+    if not found: return
+    try: settings = json.loads((found[-1] / "trainer_state.json").read_text()).get("config", {})
+    except (OSError, ValueError, AttributeError): return   # unreadable: the resume says which file, and why
+    other = run_kind(settings)
+    if other is not None and other != kind:
+        raise ValueError(f"{where}: {p} holds the checkpoints of {other} training (written by {RUN_KINDS[other][1]}), not "
+                         f"of {kind}. Continue that run with {RUN_KINDS[other][1]}, or give this one a folder of its own.")
 
 # %% ../nbs/00a_hub.ipynb #1a0b0c12
 def file_sha256(path: str | Path) -> str:

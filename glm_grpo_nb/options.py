@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import re
 import sys
 import typing
 
@@ -17,7 +18,7 @@ from fastcore.docments import docments
 from .config import RENAMED, GRPOConfig, choices
 
 # %% auto #0
-__all__ = ['TRAIN_DEFAULTS', 'config_options', 'command_parser']
+__all__ = ['TRAIN_DEFAULTS', 'config_options', 'command_parser', 'flag_names', 'config_of']
 
 # %% ../nbs/08b_options.ipynb #d54a7eee
 TRAIN_DEFAULTS = {"save_every": 50}   # where `glm-grpo train` departs from GRPOConfig's defaults
@@ -76,3 +77,17 @@ def _option_style(parser, argv):
             if alt in known: return alt + eq + value
         return arg
     return [fix(a) for a in argv]
+
+# %% ../nbs/08b_options.ipynb #0eed0e79
+def flag_names(message: str, config_class=GRPOConfig) -> str:
+    "A settings error in the command line's words: group_size -> --group-size, x='v' -> --x v, x=False -> --no-x."
+    names = sorted((f.name for f in dataclasses.fields(config_class)), key=len, reverse=True)
+    message = message.removeprefix(f"{config_class.__name__}: ")
+    message = re.sub(r"(?<![\w.-])(" + "|".join(map(re.escape, names)) + r")\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
+    message = re.sub(r"--([\w-]+)=False\b", r"--no-\1", re.sub(r"(--[\w-]+)=True\b", r"\1", message))
+    return re.sub(r"(--[\w-]+)='([^']*)'", r"\1 \2", re.sub(r"(--[\w-]+)=(?=[\w(\[.-])", r"\1 ", message))
+
+def config_of(config_class, settings: dict):
+    "`config_class.of(**settings)`, its refusal said with the command line's options."
+    try: return config_class.of(**settings)
+    except ValueError as e: raise ValueError(flag_names(str(e), config_class)) from None

@@ -29,7 +29,7 @@ def _pairs(name, images, targets):
     for i, (im, t) in enumerate(zip(images, targets)):
         if im.size != t.size:
             raise ValueError(f"reward {name!r}: image {i} is {im.size[0]}x{im.size[1]} but its target is {t.size[0]}x{t.size[1]}; "
-                             "resize targets to the generation size (PromptDataset(..., resize=True)).")
+                             "resize targets to the generation size (PromptDataset(..., resize=True); glm-grpo: --resize).")
     return images_to_tensor(images), images_to_tensor(targets)
 
 def _gaussian_window(size=11, sigma=1.5):

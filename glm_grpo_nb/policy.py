@@ -310,7 +310,8 @@ def reference(self: GlmImagePolicy):
 # %% ../nbs/02_policy.ipynb #6bce8dec
 def _write_plain_lora(model: torch.nn.Module, f: Path, prefix: str = "transformer."):
     "The LoRA tensors of `model`, each B times its layer's scale, as a tensors-only torch file (config-free diffusers layout)."
-    state = get_peft_model_state_dict(model, adapter_name="default")
+    state = get_peft_model_state_dict(model, adapter_name="default", save_embedding_layers=False)   # no embedding is adapted:
+    # peft's "auto" would look for the base model's config, on the Hub when the folder has none (warnings offline)
     for name, module in model.named_modules():
         scale = getattr(module, "scaling", {}).get("default") if isinstance(getattr(module, "scaling", None), dict) else None
         key = f"{name}.lora_B.weight"
@@ -355,7 +356,7 @@ def load_adapters(self: GlmImagePolicy, directory: str | Path,
             raise ValueError(f"load_adapters: {f} not found; pass a folder written by save_adapters.")
         state = read_adapter(f, "load_adapters")
         if sub == "dit": state = {k.removeprefix("transformer."): v for k, v in state.items()}
-        own = get_peft_model_state_dict(model, adapter_name="default")
+        own = get_peft_model_state_dict(model, adapter_name="default", save_embedding_layers=False)
         bad = sorted(k for k in own.keys() | state.keys() if k not in own or k not in state or own[k].shape != state[k].shape)
         if bad:
             k = bad[0]

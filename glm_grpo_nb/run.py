@@ -24,7 +24,7 @@ from .checkpoint import (checkpoints, damaged, identity_differences, read_checkp
 from .config import GRPOConfig, renamed_settings
 from .data import PromptDataset
 from .faults import TrainingStopped, _StopOnSignals
-from .hub import atomic_write, remove_leftovers
+from .hub import atomic_write, check_run_kind, remove_leftovers
 from .flow import concat_trajectories
 from .objectives import OBJECTIVE_CLASSES
 from .policy import GlmImagePolicy, mix_seed, to_host
@@ -33,7 +33,7 @@ from .run_setup import RUN_CONFIG, PACKAGES, RunSetup  # noqa: F401 (importable 
 from .tokens import concat_rollouts
 
 # %% auto #0
-__all__ = ['RunLoop', 'FitSummary']
+__all__ = ['HYPERPARAMETERS', 'RunLoop', 'FitSummary', 'evaluation_line']
 
 # %% ../nbs/05e_run.ipynb #b2e00006
 class RunLoop(RunSetup):
@@ -168,9 +168,8 @@ def fit(self: RunLoop, num_steps: int, callback=None, progress: bool = True, liv
                     if plot is not None: plot(self, res)
                     elif show and not notebook and log_every and (i + 1) % log_every == 0: tqdm.write(line)
                     if c.eval_every and self.eval_dataset is not None and self.step_count % c.eval_every == 0:
-                        ev = self.evaluate()
-                        self._write_row({"step": res.step, **ev})   # a row of its own in metrics.jsonl
-                        self.history[-1].update(ev)
+                        ev = self.record_evaluation()
+                        if show: tqdm.write(evaluation_line(ev, self.step_count))
                     if c.save_every and self.output_dir is not None and self.step_count % c.save_every == 0:
                         self.save()
                     if callback is not None: callback(self, res)
@@ -297,6 +296,22 @@ def evaluate(self: RunLoop, prompts=None, seed: int = 12345, eval_reward=None) -
         sums = dict(zip(sums, to_host(total).tolist()))
     return {k: v / len(data) for k, v in sums.items()}
 
+@patch
+def record_evaluation(self: RunLoop) -> dict[str, float]:
+    "`evaluate()` on the eval prompts, kept: in `evaluations` (checkpointed; the model card's table), metrics.jsonl, history."
+    ev = self.evaluate()
+    self.evaluations.append({"after_steps": self.step_count, **ev})
+    self._write_row({"step": max(self.step_count - 1, 0), **ev})   # a row of its own, beside the step it follows
+    if self.history and self.step_count: self.history[-1].update(ev)
+    return ev
+
+def evaluation_line(ev: dict, after_steps: int) -> str:
+    "An evaluation as one printed line: the reward on the eval prompts, its parts, the held-out reward."
+    parts = ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in ev.items() if k.count("/") == 1 and k not in ("eval/reward", "eval/heldout"))
+    held = f"; held-out reward {ev['eval/heldout']:.4f}" if "eval/heldout" in ev else ""
+    when = f"after step {after_steps}" if after_steps else "before training"
+    return f"evaluation {when}: reward {ev['eval/reward']:.4f}" + (f" ({parts})" if parts else "") + held
+
 # %% ../nbs/05e_run.ipynb #b2e00008
 @patch
 def _watch_diversity(self: RunLoop, metrics: dict):
@@ -331,6 +346,7 @@ def save(self: RunLoop, directory: str | Path | None = None) -> Path | None:
     if acc.is_main_process:
         if self._lock is not None: self._lock.check()
         state = {"step": self.step_count, "optimizer_steps": self.optimizer_steps, "history": self.history,
+                 "evaluations": self.evaluations,
                  "consecutive_skips": self.consecutive_skips,
                  "skipped_total": self.skipped_total, "config": self.config.to_dict(), "run": self._run_identity(),
                  "rng": rng_state()}
@@ -341,6 +357,8 @@ def save(self: RunLoop, directory: str | Path | None = None) -> Path | None:
     return directory
 
 # %% ../nbs/05e_run.ipynb #22d2ac54
+HYPERPARAMETERS = ("lr", "weight_decay", "eps")   # what the settings put into each optimiser group (lr, ar_lr, dit_lr, ...)
+
 @patch(cls_method=True)
 def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_fn, dataset,
            allow_changes: tuple[str, ...] = (), **overrides) -> "GRPOTrainer":
@@ -348,6 +366,7 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
     # allow_changes: parts of the run that may differ from the checkpoint's ("model", "adapters", "dataset", "reward")
     overrides = renamed_settings(overrides, "resume")
     ckpt = resolve_checkpoint(directory)
+    check_run_kind(ckpt, cls.kind, "resume")   # another kind's checkpoint is no damaged one of this kind
     state, opt = read_checkpoint(ckpt)
     if "output_dir" not in overrides and ckpt.parent.name == "checkpoints": overrides["output_dir"] = ckpt.parent.parent
     stored = dict(state["config"])   # an objective object is stored by its name: the one passed here takes its place
@@ -365,7 +384,7 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
     if refused:   # checked before the trainer exists: a refused resume takes no lock and loads nothing
         raise ValueError(f"resume: {ckpt} belongs to a run with another " + ", ".join(refused) + ":\n  "
                          + "\n  ".join(refused.values()) + f"\nResume with what the run was trained with, or pass "
-                         f"allow_changes={tuple(refused)} to continue it anyway.")
+                         f"allow_changes={tuple(refused)} (glm-grpo: --allow-changes {','.join(refused)}) to continue it anyway.")
     trainer = cls._new(policy, reward_fn, dataset, config=stored, _resuming=True, **overrides)
     groups = [len(g["params"]) for g in opt.get("param_groups", [])]
     if groups != [len(g["params"]) for g in trainer.optimizer.param_groups]:
@@ -373,12 +392,15 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
         raise ValueError(f"resume: {ckpt / 'optimizer.pt'} holds optimiser state for parameter groups of sizes {groups}, "
                          "but this trainer trains others; resume with the checkpoint's train_ar/train_dit settings.")
     policy.load_adapters(ckpt / "adapters")
-    trainer.optimizer.load_state_dict(opt)
+    asked = [{k: g[k] for k in HYPERPARAMETERS if k in g} for g in trainer.optimizer.param_groups]   # this run's settings
+    trainer.optimizer.load_state_dict(opt)   # restores the moments and step counts, and each group's stored lr, decay...
+    for group, values in zip(trainer.optimizer.param_groups, asked): group.update(values)   # ...which the settings replace
     for o in trainer.objectives.values(): o.load_checkpoint(lambda name: read_tensors(ckpt, name), ckpt)   # e.g. NFT's old adapter
     trainer.step_count, trainer.history = state["step"], state["history"]
     # a checkpoint written before optimiser steps were counted: one per pass over each step's batch
     trainer.optimizer_steps = state.get("optimizer_steps", state["step"] * getattr(stored, "num_inner_epochs", 1))
     trainer.consecutive_skips, trainer.skipped_total = state["consecutive_skips"], state["skipped_total"]
+    trainer.evaluations = state.get("evaluations", [])   # a checkpoint written before they were kept: none
     trainer.changed_settings = {k: (getattr(stored, k), v) for k, v in settings.items() if getattr(stored, k) != v}
     set_rng_state(state["rng"])
     if trainer._lock is not None:   # this run's folder: drop what came after the checkpoint

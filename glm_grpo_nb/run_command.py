@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .hub import check_folder, check_hub_model, resolve_model
+from .hub import RUN_KINDS, check_folder, check_hub_model, check_run_kind, resolve_model
 
 if TYPE_CHECKING: import torch
 
@@ -43,16 +43,17 @@ def process_device(device: str | None, accelerator) -> "torch.device":
     return asked
 
 # %% ../nbs/08c_run_command.ipynb #c9abb1f1
-def _check_run(command: str, config, model, out, allow_changes: str, eval_prompts, init_adapters=None):
+def _check_run(command: str, eval_every: int, model, out, allow_changes: str, eval_prompts, init_adapters=None):
     "What a training command can check before any model loads: evaluation prompts, the start, the model, --out, --allow-changes."
-    if config.eval_every and not eval_prompts:
-        raise ValueError(f"{command}: --eval-every {config.eval_every} evaluates on prompts of their own; add --eval-prompts "
+    if eval_every and not eval_prompts:
+        raise ValueError(f"{command}: --eval-every {eval_every} evaluates on prompts of their own; add --eval-prompts "
                          "FILE (a prompts file, folder or Hugging Face dataset id), or leave --eval-every out.")
     if init_adapters is not None and not any((Path(init_adapters) / half).is_dir() for half in ("ar", "dit")):
         raise ValueError(f"{command}: --init-adapters {init_adapters} holds neither ar/ nor dit/; pass the adapters/ folder "
                          "a run wrote (e.g. runs/sft/adapters).")
     model = resolve_model(model, f"{command}: --model")
     check_folder(out, "run", f"{command}: --out")
+    check_run_kind(out, next(k for k, (_, cmd) in RUN_KINDS.items() if cmd == f"glm-grpo {command}"), f"{command}: --out")
     check_hub_model(model, f"{command}: --model")
     allowed = tuple(filter(None, (a.strip() for a in allow_changes.split(","))))
     unknown = set(allowed) - {"model", "adapters", "dataset", "reward"}
@@ -70,6 +71,13 @@ def _data_reader(config, targets, sources, split, resize, prompt_column, target_
                 PromptDataset(_dataset_rows(p, targets, sources) if what == "train" else p, resize=size, **columns))
     return data_of
 
+def _check_sizes(command: str, config, model, dataset, *others) -> None:
+    "The images' sizes against the size trained at, before any model loads (the trainer checks them again)."
+    from glm_grpo_nb.run_setup import check_image_sizes, default_size
+    w, h = default_size(dataset, model)
+    for data in (dataset, *others):
+        if data is not None: check_image_sizes(data, config.width or w, config.height or h, command)
+
 def _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters=None):
     "This process's accelerator and the policy on its device, with adapters for the halves that train (from --init-adapters)."
     import torch
@@ -86,9 +94,11 @@ def _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, in
     if init_adapters is not None: policy.start_from(init_adapters)   # before a resume compares what the run began from
     return accelerator, policy
 
-def _fit_run(out, steps: int, accelerator, new, resume) -> int:
+def _fit_run(out, steps: int, accelerator, new, resume, evaluate_ends: bool = False) -> int:
     "Continue the run in `out` (`resume()`) or start it (`new()`), train up to `steps`, write a checkpoint and the adapters."
+    # evaluate_ends: --eval-prompts without --eval-every, evaluated before training (a new run) and after it
     from glm_grpo_nb.checkpoint import checkpoints
+    from glm_grpo_nb.run import evaluation_line
     if checkpoints(Path(out) / "checkpoints"):
         try: trainer = resume()
         except ValueError as e:
@@ -98,7 +108,10 @@ def _fit_run(out, steps: int, accelerator, new, resume) -> int:
         print(f"resumed from step {trainer.step_count} of {out}; " + (f"changed settings: {changed}" if changed else
               "settings as stored"))
     else: trainer = new()
+    say = lambda ev: print(evaluation_line(ev, trainer.step_count), flush=True) if accelerator.is_main_process else None
+    if evaluate_ends and trainer.step_count == 0: say(trainer.record_evaluation())
     trainer.fit(max(0, steps - trainer.step_count))
+    if evaluate_ends: say(trainer.record_evaluation())
     trainer.save()
     trainer.save_adapters(Path(out) / "adapters")   # with its model card
     trainer.close()

@@ -20,7 +20,7 @@ from .data import PromptDataset, open_image
 from .hub import RunLock, atomic_write, mark_folder, model_size, same_device
 
 # %% auto #0
-__all__ = ['RUN_CONFIG', 'PACKAGES', 'RunSetup']
+__all__ = ['RUN_CONFIG', 'PACKAGES', 'RunSetup', 'default_size', 'check_image_sizes']
 
 # %% ../nbs/05k_run_setup.ipynb #de5c7a9c
 class RunSetup:
@@ -49,6 +49,7 @@ def _open_run(self: RunSetup, output_dir, log_with, accelerator, resuming: bool)
         import bitsandbytes as bnb
         self.optimizer = bnb.optim.AdamW8bit(groups, weight_decay=c.weight_decay, eps=c.adam_epsilon)
     self.step_count, self.history, self.consecutive_skips, self.skipped_total = 0, [], 0, 0
+    self.evaluations = []   # {"after_steps": n, "eval/reward": ...} of each evaluation on the eval prompts
     self.optimizer_steps = 0   # optimiser steps taken (updates_per_batch per pass): the objectives' decay counters
     self._finishing, self._lowered = False, {}   # the step is updating (see `fit`); batches lowered this step
     self.results = collections.deque(maxlen=c.keep_results)
@@ -67,11 +68,15 @@ def _batch_indices(self: RunSetup, step: int) -> list[int]:
 @patch
 def _default_size(self: RunSetup):
     "(width, height) when not given: the dataset's resize, its first target's size, the model's own, or 1024²."
-    if self.dataset.size: return self.dataset.size
-    t = next((e.target for e in self.dataset.examples if e.target), None)
+    return default_size(self.dataset, self.policy.source)
+
+def default_size(dataset: PromptDataset, model) -> tuple[int, int]:
+    "(width, height) of a run that names none: the dataset's resize, its first target's size, the model's own, or 1024²."
+    if dataset.size: return dataset.size
+    t = next((e.target for e in dataset.examples if e.target), None)
     if t is not None:
         with open_image(t) as im: return im.size
-    return model_size(self.policy.source)
+    return model_size(model)
 
 @patch
 def _check_policy(self: RunSetup):
@@ -92,18 +97,22 @@ def _check_policy(self: RunSetup):
 @patch
 def _check_images(self: RunSetup, data: PromptDataset):
     "Targets at the size trained at, sources of one size (read from their headers): a clear error naming the file."
-    c, name = self.config, type(self).__name__
-    if data.size is not None and data.has_targets and data.size != (c.width, c.height):
+    check_image_sizes(data, self.config.width, self.config.height, type(self).__name__)
+
+def check_image_sizes(data: PromptDataset, width: int, height: int, name: str):
+    "Refuse targets of another size than `width` x `height`, and sources of several sizes (read from their headers)."
+    if data.size is not None and data.has_targets and data.size != (width, height):
         raise ValueError(f"{name}: the dataset resizes images to {data.size[0]}x{data.size[1]} but images are "
-                         f"generated at {c.width}x{c.height}; build it with resize=({c.width}, {c.height}).")
+                         f"generated at {width}x{height}; build it with resize=({width}, {height}) "
+                         "(glm-grpo: --resize with --height and --width).")
     if data.size is not None: return
     for e in data.examples:
         if e.target is None: continue
         with open_image(e.target) as im:
-            if im.size != (c.width, c.height):
+            if im.size != (width, height):
                 raise ValueError(f"{name}: target {e.target} is {im.size[0]}x{im.size[1]} but images are "
-                                 f"generated at {c.width}x{c.height}; build the dataset with "
-                                 f"resize=({c.width}, {c.height}).")
+                                 f"generated at {width}x{height}; build the dataset with resize=({width}, {height}) "
+                                 f"(glm-grpo: --resize, or --height {im.size[1]} --width {im.size[0]}).")
     sizes = {}
     for e in data.examples:
         for s in e.sources or []:
@@ -112,7 +121,8 @@ def _check_images(self: RunSetup, data: PromptDataset):
         (w1, h1), (w2, h2) = list(sizes)[:2]
         raise ValueError(f"{name}: source images have different sizes ({list(sizes.values())[0]} is "
                          f"{w1}x{h1}, {list(sizes.values())[1]} is {w2}x{h2}); rows of one step are encoded "
-                         "together, so build the dataset with resize=(width, height).")
+                         "together, so build the dataset with resize=(width, height) (glm-grpo: --resize with "
+                         "--height and --width).")
 
 # %% ../nbs/05k_run_setup.ipynb #0951b904
 @patch

@@ -275,14 +275,16 @@ def _card_training(self: SFTTrainer, base: str) -> tuple[str, tuple[str, ...], l
         v = [r[f"{half}/sft_loss"] for r in taken if f"{half}/sft_loss" in r]
         return (f"{sum(v[:k]) / len(v[:k]):.4f}", f"{sum(v[-k:]) / len(v[-k:]):.4f}") if v else ("—", "—")
     halves = []
-    if c.train_ar: halves.append(("AR (`vision_language_encoder`)", "cross-entropy of the target's visual tokens",
+    if c.train_ar: halves.append(("AR (`vision_language_encoder`)", "cross-entropy of the target's visual tokens, the "
+                                  "softmax over the image codes (as the sampler draws them; the end token not labelled)",
                                   _lora(p.ar_peft), _half_lr(c, "ar"), *ends("ar")))
     if c.train_dit: halves.append(("DiT (`transformer`)", f"flow-matching loss on the target's latents ({c.sft_timesteps} "
                                    "noise level(s) per target and step)", _lora(p.transformer if p.has_dit_lora else None),
                                    _half_lr(c, "dit"), *ends("dit")))
     rows = "source and target pairs (image-to-image)" if d.has_sources else "prompts with their target images"
-    lines = [f"LoRA adapters for [{base}](https://huggingface.co/{base}) fine-tuned on images (supervised: each half's "
-             f"pre-training loss on the targets) by glm_grpo_nb {glm_grpo_nb.__version__}: {self.step_count} steps, "
+    lines = [f"LoRA adapters for {base} fine-tuned on images (supervised: the AR's cross-entropy of each target's visual "
+             f"tokens over the image codes, the DiT's flow-matching loss on its latents) by glm_grpo_nb "
+             f"{glm_grpo_nb.__version__}: {self.step_count} steps, "
              f"{seen} targets seen ({c.prompts_per_step} per step and process, {seen / len(d):.1f} passes over the data), "
              f"{_setup(self)}", "", "## Data", "",
              f"{len(d)} {rows}" + (f" from `{d.origin}`" if d.origin else "") + f" (fingerprint {d.fingerprint()}).", "",

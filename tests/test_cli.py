@@ -56,7 +56,8 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
     out = tmp_path / "demo"
     assert (out / "adapters" / "ar").is_dir() and (out / "adapters" / "dit").is_dir()
     card = (out / "adapters" / "README.md").read_text()   # a model card, filled in from the run
-    assert card.startswith("---\nbase_model: zai-org/GLM-Image\n") and "20 steps" in card and "| redness | 1 |" in card
+    assert card.startswith("---\nlibrary_name: diffusers\n") and "20 steps" in card and "| redness | 1 |" in card
+    assert "the GLM-Image model in the local folder" in card and "base_model" not in card   # the demo's model is local
     p = run(glm_grpo, "push", "--adapters", str(out / "adapters"), "--repo", "me/glm-image-red")   # offline here
     assert p.returncode == 2 and "offline mode (HF_HUB_OFFLINE=1)" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert Image.open(out / "report.png").size[0] > 500
@@ -148,3 +149,48 @@ def test_generate_a_model_saved_in_bf16(glm_grpo, tiny_path, tmp_path):
             "--out", str(tmp_path / "img.png"), "--device", "cpu")
     assert r.returncode == 0, r.stderr[-2000:]
     assert Image.open(tmp_path / "img.png").size == (64, 64)
+
+
+def test_readme_main_job_commands_parse():
+    "Every command of the README's main job, as written, is one its command's parser takes: no flag the CLI lacks."
+    import re
+    import shlex
+    from conftest import ROOT
+    from glm_grpo_nb.cli import COMMANDS, parser_of
+    from glm_grpo_nb.options import _option_style
+    readme = (ROOT / "README.md").read_text()
+    job = readme[readme.index("### The main job, step by step"):readme.index("## Set-up and the tests")]
+    lines = [l for block in re.findall(r"```bash\n(.*?)```", job, re.S) for l in block.splitlines() if l.strip()]
+    seen = []
+    for line in lines:
+        words = shlex.split(line.replace("$(which glm-grpo)", "glm-grpo"))
+        at = words.index("glm-grpo")
+        name, rest = words[at + 1], words[at + 2:]
+        assert name in COMMANDS, line
+        parser = parser_of(name)
+        try: parser.parse_args(_option_style(parser, rest))
+        except SystemExit: raise AssertionError(f"the README's `{line}` is not what glm-grpo {name} takes") from None
+        seen.append(name)
+    assert {"train", "generate", "evaluate", "plan", "sft", "push"} <= set(seen) and len(seen) >= 9, seen
+
+
+def test_eval_prompts_alone_and_the_wrong_kind_of_run_folder(glm_grpo, tiny_path, tmp_path):
+    "--eval-prompts without --eval-every evaluates before and after training, printed and in the card; an SFT command "
+    "pointed at this GRPO run's folder is refused before any model loads, and the word 'damaged' is not used."
+    import time
+    (tmp_path / "p.txt").write_text("a red square\na blue field\n")
+    out = tmp_path / "run"
+    r = run(glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt"), "--reward", "redness",
+            "--eval-prompts", str(tmp_path / "p.txt"), "--steps", "2", "--group-size", "2", "--height", "64", "--width",
+            "64", "--num-inference-steps", "2", "--out", str(out), "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "evaluation before training: reward " in r.stdout and "evaluation after step 2: reward " in r.stdout, r.stdout
+    card = (out / "adapters" / "README.md").read_text()
+    assert "## Progress on the evaluation prompts" in card and "| 0 | " in card and "| 2 | " in card, card
+    start = time.time()
+    (tmp_path / "targets").mkdir()
+    for i in range(2): Image.new("RGB", (64, 64), "red").save(tmp_path / "targets" / f"{i}.png")
+    r = run(glm_grpo, "sft", "--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt"), "--targets",
+            str(tmp_path / "targets"), "--out", str(out), "--device", "cpu")
+    assert r.returncode == 2 and "holds the checkpoints of GRPO training (written by glm-grpo train)" in r.stderr, r.stderr
+    assert "damaged" not in r.stderr and time.time() - start < 30

@@ -48,7 +48,7 @@ def test_eval_every_needs_eval_prompts(glm_grpo, tiny_path, tmp_path):
     assert r.returncode == 2 and "add --eval-prompts FILE" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = run(glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt"), "--reward", "redness",
             "--report-to", "tensorbored", "--out", str(tmp_path / "run"))
-    assert r.returncode == 2 and "report_to must be one or more of tensorboard" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--report-to must be one or more of tensorboard" in r.stderr, r.stderr   # the option's name
 
 
 def test_run_config_records_the_run_and_reruns_it(glm_grpo, tiny_path, tmp_path):
