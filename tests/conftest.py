@@ -13,6 +13,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    "`pytest -n auto` shares tests out by xdist group: a module-scoped fixture that takes minutes (the released width's "
+    "script) runs once, on one worker, instead of once on each worker that got one of its tests."
+    if getattr(config.option, "dist", "no") == "load": config.option.dist = "loadgroup"
+
+
 @pytest.fixture(scope="session")
 def tiny_path(tmp_path_factory):
     from glm_grpo_nb.tiny import make_tiny_glm_image
