@@ -1,6 +1,6 @@
 """Benchmark: learning per second of the DiT's own work, for every DiT objective, on the tiny GLM-Image (shipped weights).
 
-Seven ways of training the DiT, each with its authors' recipe (the library's defaults for it, see 05c_objectives):
+Seven ways of training the DiT, each with its authors' recipe (the library's defaults for it, see 04a_objectives):
   flow_grpo   Flow-GRPO, SDE steps in a fixed window (the first quarter), guidance 1.5, two optimiser steps per
               sampled batch, clip 1e-4;
   mixgrpo     Flow-GRPO with MixGRPO's moving window (progressive, moving every 25 steps: its recipe);

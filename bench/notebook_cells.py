@@ -6,7 +6,7 @@ is pinned to the CPU ($GLM_GRPO_DEVICE, unless set otherwise): the notebooks' ch
 and their `#| gpu` cells name CUDA themselves.
 
 Run from the repository root:
-python -m bench.notebook_cells nbs/01_tiny.ipynb [nbs/02a_tokens.ipynb ...]
+python -m bench.notebook_cells nbs/05a_tiny.ipynb [nbs/01a_tokens.ipynb ...]
 One line per `#| gpu` cell (passed or the error), a notebook stops at its first failing cell; exit status 1 if any
 cell failed."""
 import json

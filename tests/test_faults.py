@@ -1,4 +1,4 @@
-"""Faults injected into a GRPO step, one at a time (the table of `nbs/05d_faults.ipynb` says what each must do): out of
+"""Faults injected into a GRPO step, one at a time (the table of `nbs/04c_faults.ipynb` says what each must do): out of
 memory in every phase, a retry that must not keep the failed attempt alive, another process holding the run folder,
 a non-finite weight after the optimiser step, and a metrics file that cannot be written."""
 import json

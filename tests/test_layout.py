@@ -104,3 +104,25 @@ def test_the_readme_maps_the_modules_bottom_to_top():
     assert sorted(order) == sorted(graph), set(order) ^ set(graph)
     for i, m in enumerate(order): assert graph[m] <= set(order[:i]), f"{m} is listed before {graph[m] - set(order[:i])}"
     for m in graph: assert layer[m] == 1 + max((layer[n] for n in graph[m]), default=-1), m
+
+
+def test_notebooks_in_reading_order():
+    "Each notebook uses only notebooks numbered before it (its module's imports, inside functions too; a notebook "
+    "without a module, its code's imports), so nbdev's sidebar reads from the bottom up."
+    import ast
+    import json
+    import re
+    graph, nb_of, loose = _package_imports(), {}, {}
+    for p in sorted((ROOT / "nbs").glob("*.ipynb")):
+        cells = json.loads(p.read_text())["cells"]
+        m = re.search(r"#\|\s*default_exp\s+(\w+)", "".join(cells[0]["source"])) if cells else None
+        if m: nb_of[m.group(1)] = p.name
+        elif p.name != "index.ipynb":
+            code = "\n".join(l for c in cells if c["cell_type"] == "code" for l in "".join(c["source"]).splitlines()
+                             if not l.lstrip().startswith(("!", "%")))
+            loose[p.name] = {n.module.split(".")[1] for n in ast.walk(ast.parse(code)) if isinstance(n, ast.ImportFrom)
+                             and (n.module or "").startswith("glm_grpo_nb.")}
+    assert set(nb_of) == set(graph), set(nb_of) ^ set(graph)
+    late = [f"{nb_of[m]} uses {nb_of[d]}" for m, ds in graph.items() for d in ds if nb_of[d] >= nb_of[m]]
+    late += [f"{nb} uses {nb_of[d]}" for nb, ds in loose.items() for d in ds if d in nb_of and nb_of[d] >= nb]
+    assert not late, late

@@ -1,7 +1,7 @@
 """Learning check: on the tiny GLM-Image, GRPO with a redness reward raises the reward, for AR-only, DiT-only and joint
 training, and DiT-only with GRPO-Guard and DiffusionNFT (at the learning rates `bench.learning` found for them; both rise
 on all three seeds measured in BENCHMARKS.md, AWM and DGPO on only some, so their learning is shown on the 1-D flows of
-`02d_matching` instead). Mean reward of the last steps against the first steps."""
+`01d_matching` instead). Mean reward of the last steps against the first steps."""
 import pytest
 
 from glm_grpo_nb.rewards import RednessReward

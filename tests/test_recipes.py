@@ -21,7 +21,7 @@ def trainer(tiny_path, objective, **settings):
 
 
 def test_recipe_defaults():
-    "What each objective resolves to when nothing is set: its authors' published values (configs named in 05c)."
+    "What each objective resolves to when nothing is set: its authors' published values (configs named in 04a_objectives)."
     flow, guard, nft, awm, dgpo = (GRPOConfig(dit_objective=o) for o in ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo"))
     assert (flow.dit_clip_range, flow.updates_per_batch, flow.kl_type) == (1e-4, 2, "mean")   # flow_grpo config/base.py, grpo.py
     assert (guard.dit_clip_range, guard.updates_per_batch) == (1e-4, 2)
