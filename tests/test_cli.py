@@ -194,3 +194,17 @@ def test_eval_prompts_alone_and_the_wrong_kind_of_run_folder(glm_grpo, tiny_path
             str(tmp_path / "targets"), "--out", str(out), "--device", "cpu")
     assert r.returncode == 2 and "holds the checkpoints of GRPO training (written by glm-grpo train)" in r.stderr, r.stderr
     assert "damaged" not in r.stderr and time.time() - start < 30
+
+
+def test_argument_errors_answer_without_torch(tiny_path):
+    "Missing or bad arguments of the commands are answered before torch is imported (in a fraction of a second)."
+    import sys
+    cases = [["train"], ["sft"], ["evaluate"], ["train", "--model", str(tiny_path), "--prompts", "p", "--reward", "r",
+             "--group-size", "1"], ["sft", "--model", str(tiny_path), "--prompts", "p", "--lr", "0"],
+             ["train", "--model", "/no/such/model", "--prompts", "p", "--reward", "r"],
+             ["evaluate", "--model", str(tiny_path), "--prompts", "p", "--height", "33"]]
+    code = ("import sys\nfrom glm_grpo_nb.cli import main\n"
+            f"for args in {cases!r}:\n    assert main(args) == 2, args\n    assert 'torch' not in sys.modules, args\nprint('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    assert "--group-size must be an int >= 2" in r.stderr and "--lr must be a finite number > 0" in r.stderr, r.stderr
