@@ -5,6 +5,7 @@
 # %% ../nbs/02f_geneval.ipynb #7ade894c
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -375,22 +376,16 @@ class GenEvalReward(Reward):
         # colour names (default: CLIPColorClassifier(clip_model)); model, clip_model: where those defaults load from
         if reward_type not in REWARD_TYPES:
             raise ValueError(f"geneval: reward_type must be one of {', '.join(REWARD_TYPES)}, got {reward_type!r}.")
-        self.reward_type, self._detector, self._color_of = reward_type, detector, color_of
-        self._load = dict(model=model, clip_model=clip_model, device=device, dtype=dtype)
+        self.reward_type, self._load = reward_type, dict(model=model, clip_model=clip_model, device=device, dtype=dtype)
+        if detector is not None: self.detector = detector   # else the default loads on first use
+        if color_of is not None: self.color_of = color_of
 
-    @property
-    def detector(self):
-        if self._detector is None:
-            k = self._load
-            self._detector = Mask2FormerDetector(k["model"], device=k["device"], dtype=k["dtype"])
-        return self._detector
+    @functools.cached_property
+    def detector(self): return Mask2FormerDetector(self._load["model"], device=self._load["device"], dtype=self._load["dtype"])
 
-    @property
+    @functools.cached_property
     def color_of(self):
-        if self._color_of is None:
-            k = self._load
-            self._color_of = CLIPColorClassifier(k["clip_model"], device=k["device"], dtype=k["dtype"])
-        return self._color_of
+        return CLIPColorClassifier(self._load["clip_model"], device=self._load["device"], dtype=self._load["dtype"])
 
     def check_rows(self, rows: list[dict], where: str = "reward 'geneval'") -> None:
         "Refuse, before any model loads, a prompt whose GenEval metadata is missing or wrong (naming it)."
