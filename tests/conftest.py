@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    "`pytest -n auto` shares tests out by xdist group: a module-scoped fixture that takes minutes (the released width's "
-    "script) runs once, on one worker, instead of once on each worker that got one of its tests."
-    if getattr(config.option, "dist", "no") == "load": config.option.dist = "loadgroup"
+    "`pytest -n auto` shares tests out a module at a time (xdist's loadscope): a module-scoped fixture that takes minutes "
+    "(the released width's script) runs once, on one worker, instead of once on each worker that got one of its tests."
+    if getattr(config.option, "dist", "no") == "load": config.option.dist = "loadscope"
 
 
 @pytest.fixture(scope="session")

@@ -103,9 +103,6 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-pytestmark = pytest.mark.xdist_group("released_width")   # one worker runs the script for all three tests
-
-
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     "The script's run: (its output, its stderr)."
