@@ -160,7 +160,8 @@ def train(
                          f"prompts file with a '{need[:-1]}' column.")
     _check_sizes("train", config, model, dataset, evals["eval_prompts"])
     check_reward_rows(reward_fn, dataset, "train: --reward")   # e.g. GenEval's metadata, before any model loads
-    if evals["eval_prompts"] is not None: check_reward_rows(held or reward_fn, evals["eval_prompts"], "train: --eval-prompts, reward")
+    for fn in filter(None, (reward_fn, held) if evals["eval_prompts"] is not None else ()):   # evaluate scores with both
+        check_reward_rows(fn, evals["eval_prompts"], "train: --eval-prompts, reward")
     accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters)
     return _fit_run(out, steps, accelerator, evaluate_ends=bool(eval_prompts) and not config.eval_every,
                     new=lambda: GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out,
