@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 
 # %% auto #0
-__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVE_NAMES', 'ROLLOUT_IS_MODE_NAMES', 'SHARED', 'SFT_HELP', 'SFTConfig', 'setting',
+__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'ROLLOUT_IS_MODES', 'SHARED', 'SFT_HELP', 'SFTConfig', 'setting',
            'renamed_settings', 'deprecated', 'choices', 'Settings', 'GRPOConfig']
 
 # %% ../nbs/04b_config.ipynb #c0f1a002
@@ -48,26 +48,12 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow", "comet_ml", "aim", "cle
 
 # Settings name what lies beneath them: the objectives and the loss own these names (and need torch); the command line
 # offers them without importing torch, so they are written here too, and a test keeps them equal to their owners'.
-DIT_OBJECTIVE_NAMES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")   # objectives.OBJECTIVE_CLASSES
-ROLLOUT_IS_MODE_NAMES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")   # loss.ROLLOUT_IS_MODES
-
-def _dit_objective_names() -> tuple[str, ...]:
-    "The DiT's objectives by name (`objectives.OBJECTIVE_CLASSES`): the values of `dit_objective`."
-    return DIT_OBJECTIVE_NAMES
-
-def _rollout_modes() -> tuple[str, ...]:
-    "The AR's corrections for the sampler's own distribution: the modes `loss.rollout_weights` computes."
-    return ROLLOUT_IS_MODE_NAMES
+DIT_OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")   # the DiT's objectives: objectives.OBJECTIVE_CLASSES
+ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")   # loss.rollout_weights' modes
 
 def choices(f: dataclasses.Field) -> tuple | None:
-    "A setting's allowed values: written in its field, or asked of the module that defines them."
-    c = f.metadata["choices"]
-    return c() if callable(c) else c
-
-def __getattr__(name: str):   # importable from here as before: the names' owners define them
-    if name == "DIT_OBJECTIVES": return _dit_objective_names()
-    if name == "ROLLOUT_IS_MODES": return _rollout_modes()
-    raise AttributeError(f"module 'glm_grpo_nb.config' has no attribute {name!r}")
+    "A setting's allowed values, where it has few."
+    return f.metadata["choices"]
 
 def _objective(name_or_objective):
     "The objective's class: its default settings and checks (asked of the objectives when a config is made)."
@@ -176,7 +162,7 @@ class GRPOConfig(Settings):
                                  "(flow_grpo with each step's log-ratio normalised and 1/|dt| weights), awm (advantage "
                                  "weighted matching), dgpo (direct group preference optimisation) or nft "
                                  "(DiffusionNFT: the forward process of the clean samples; ODE sampling); in Python "
-                                 "also an Objective object (glm_grpo_nb.objectives)", _dit_objective_names)
+                                 "also an Objective object (glm_grpo_nb.objectives)", DIT_OBJECTIVES)
     mode: str = setting("joint", "joint: one group for both halves; decoupled: a group per half",
                         ("joint", "decoupled"))
     lr: float = setting(1e-4, "learning rate of both halves unless ar_lr / dit_lr are given")
@@ -246,7 +232,7 @@ class GRPOConfig(Settings):
                                                            "distribution (the sampling copy's log-probs against the "
                                                            "training forward's): token_truncate, token_mask, "
                                                            "sequence_truncate or sequence_mask (ms-swift's names); None: "
-                                                           "off, the mismatch is still measured", _rollout_modes)
+                                                           "off, the mismatch is still measured", ROLLOUT_IS_MODES)
     rollout_importance_sampling_threshold: float = setting(2.0, "the importance weights' bound C: truncate caps them at "
                                                            "C, mask drops the tokens (or images) above it")
     # bookkeeping
@@ -282,13 +268,13 @@ class GRPOConfig(Settings):
                              f"out by whole prompts, but prompts_per_step={self.prompts_per_step} is not a multiple of it; "
                              f"pass a prompts_per_step that is, or updates_per_batch=1.")
         objective.check(self)   # what the objective cannot train with
-        if self.height is not None or self.width is not None:
-            check_image_size(IMAGE_BLOCK if self.height is None else self.height,
-                             IMAGE_BLOCK if self.width is None else self.width, "GRPOConfig")
         if self.sde_window is not None: self.sde_window = sde_steps(self.sde_window, self.num_inference_steps)
 
     def _check_plain(self):
-        "Every check that needs no objective: allowed values, ranges, switches (no torch needed)."
+        "Every check that needs no objective: allowed values, ranges, switches, the size (no torch needed)."
+        if self.height is not None or self.width is not None:
+            check_image_size(IMAGE_BLOCK if self.height is None else self.height,
+                             IMAGE_BLOCK if self.width is None else self.width, "GRPOConfig")
         self._check_choices()
         for name, low in (("group_size", 2), ("prompts_per_step", 1), ("top_k", 0), ("num_inference_steps", 1),
                           ("num_inner_epochs", 1), ("micro_batch_size", 1), ("decode_batch", 1),

@@ -202,6 +202,7 @@ def test_argument_errors_answer_without_torch(tiny_path):
     cases = [["train"], ["sft"], ["evaluate"], ["train", "--model", str(tiny_path), "--prompts", "p", "--reward", "r",
              "--group-size", "1"], ["sft", "--model", str(tiny_path), "--prompts", "p", "--lr", "0"],
              ["train", "--model", "/no/such/model", "--prompts", "p", "--reward", "r"],
+             ["train", "--model", str(tiny_path), "--prompts", "p", "--reward", "r", "--height", "33"],
              ["evaluate", "--model", str(tiny_path), "--prompts", "p", "--height", "33"]]
     code = ("import sys\nfrom glm_grpo_nb.cli import main\n"
             f"for args in {cases!r}:\n    assert main(args) == 2, args\n    assert 'torch' not in sys.modules, args\nprint('ok')")
