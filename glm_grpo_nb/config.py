@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 
 # %% auto #0
-__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'ROLLOUT_IS_MODES', 'SHARED', 'SFT_HELP', 'SFTConfig', 'setting',
-           'renamed_settings', 'deprecated', 'choices', 'Settings', 'GRPOConfig']
+__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'AR_OBJECTIVES', 'DPO_LOSS_TYPES', 'ROLLOUT_IS_MODES', 'SHARED', 'SFT_HELP',
+           'SFTConfig', 'DPO_SETTINGS', 'DPO_HELP', 'DPOConfig', 'setting', 'renamed_settings', 'deprecated', 'choices',
+           'Settings', 'GRPOConfig']
 
 # %% ../nbs/04b_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
@@ -48,7 +49,9 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow", "comet_ml", "aim", "cle
 
 # Settings name what lies beneath them: the objectives and the loss own these names (and need torch); the command line
 # offers them without importing torch, so they are written here too, and a test keeps them equal to their owners'.
-DIT_OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")   # the DiT's objectives: objectives.OBJECTIVE_CLASSES
+DIT_OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo", "dpo")   # the DiT's objectives: objectives.OBJECTIVE_CLASSES
+AR_OBJECTIVES = ("grpo", "dpo")   # the AR's: token_grpo.TokenGRPO, pairs.TokenDPO
+DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo")   # dpo.LOSS_TYPES (TRL's names)
 ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")   # loss.rollout_weights' modes
 
 def choices(f: dataclasses.Field) -> tuple | None:
@@ -161,8 +164,11 @@ class GRPOConfig(Settings):
     dit_objective: str = setting("flow_grpo", "the DiT's objective: flow_grpo (SDE steps' log-probs, PPO clip), grpo_guard "
                                  "(flow_grpo with each step's log-ratio normalised and 1/|dt| weights), awm (advantage "
                                  "weighted matching), dgpo (direct group preference optimisation) or nft "
-                                 "(DiffusionNFT: the forward process of the clean samples; ODE sampling); in Python "
-                                 "also an Objective object (glm_grpo_nb.objectives)", DIT_OBJECTIVES)
+                                 "(DiffusionNFT: the forward process of the clean samples; ODE sampling), dpo "
+                                 "(Diffusion-DPO on each group's best and worst sample by reward; ODE sampling); in "
+                                 "Python also an Objective object (glm_grpo_nb.objectives)", DIT_OBJECTIVES)
+    ar_objective: str = setting("grpo", "the AR's objective: grpo (token-level GRPO) or dpo (DPO on each group's best and "
+                                "worst sample by reward, their summed token log-probs against the reference's)", AR_OBJECTIVES)
     mode: str = setting("joint", "joint: one group for both halves; decoupled: a group per half",
                         ("joint", "decoupled"))
     lr: float = setting(1e-4, "learning rate of both halves unless ar_lr / dit_lr are given")
@@ -203,6 +209,13 @@ class GRPOConfig(Settings):
                                   "default) or ema (their emaref recipe, with dgpo_beta in the thousands)", ("base", "ema"))
     dgpo_switch_ema_step: int | None = setting(None, "DGPO: after this many optimiser steps the DiT samples under its EMA, "
                                                "as the authors do after 200-500 (default: never)")
+    dpo_beta: float = setting(0.1, "DPO of the AR's pairs: beta, how far from the reference the policy may go (TRL's default)")
+    dpo_loss_type: str = setting("sigmoid", "DPO of the AR's pairs: sigmoid (DPO), hinge (SLiC) or ipo (IPO, on each "
+                                 "image's mean token log-prob); TRL's names", DPO_LOSS_TYPES)
+    dit_dpo_beta: float = setting(100.0, "Diffusion-DPO of the DiT's pairs: beta on the flow-matching errors (Flow-GRPO's on "
+                                  "flow-matching latents; the original 5000 was an epsilon-prediction UNet's)")
+    dpo_timesteps: int = setting(1, "Diffusion-DPO: noise levels per pair and step, drawn logit-normal over the stock "
+                                 "1000-step schedule, the same level and noise for both images of a pair")
     matching_adv_clip: float = setting(5.0, "AWM and DGPO: advantages clipped to +-this (AWM also divides by it)")
     ema_decay_rate: float = setting(0.001, "AWM and DGPO's EMA adapter: ema <- d ema + (1 - d) new after each step, "
                                     "d rising by this per step")
@@ -282,7 +295,7 @@ class GRPOConfig(Settings):
                           ("keep_checkpoints", 1), ("seed", 0), ("max_consecutive_skips", 0), ("keep_results", 1),
                           ("nft_timesteps", 1), ("nft_decay_warmup", 0), ("sde_window_every", 1),
                           ("sde_window_stride", 1), ("awm_timesteps", 1), ("dgpo_timesteps", 1), ("log_images_every", 0),
-                          ("updates_per_batch", 1), ("dgpo_trunc_steps", 0), ("dgpo_switch_ema_step", 0)):
+                          ("updates_per_batch", 1), ("dgpo_trunc_steps", 0), ("dgpo_switch_ema_step", 0), ("dpo_timesteps", 1)):
             self._integer(name, low)
         self._check_trackers()
         for name, low, strict in (("temperature", 0, True), ("noise_level", 0, False), ("guidance_scale", 0, False),
@@ -292,13 +305,18 @@ class GRPOConfig(Settings):
                                   ("nft_decay_rate", 0, False), ("nft_decay_max", 0, False), ("diversity_warning", 0, False),
                                   ("awm_ema_coef", 0, False), ("dgpo_beta", 0, True), ("dit_clip_range", 0, True), ("awm_ghuber_power", 0, True),
                                   ("matching_adv_clip", 0, True), ("ema_decay_rate", 0, False), ("ema_decay_max", 0, False),
-                                  ("rollout_importance_sampling_threshold", 1, False)):
+                                  ("rollout_importance_sampling_threshold", 1, False), ("dpo_beta", 0, True), ("dit_dpo_beta", 0, True)):
             self._number(name, low, strict)
         if not (self._finite(self.top_p) and 0 < self.top_p <= 1): raise self._bad("top_p", "in (0, 1]")
         for name in ("train_ar", "train_dit"):
             if not isinstance(getattr(self, name), bool): raise self._bad(name, "True or False")
         if not (self.train_ar or self.train_dit):
             raise ValueError("GRPOConfig: train_ar and train_dit are both False; nothing would train.")
+        dpo = [h for h, o in (("ar", self.ar_objective), ("dit", self.dit_objective)) if isinstance(o, str) and o == "dpo"]
+        if dpo and self.micro_batch_size is not None and self.micro_batch_size % self.group_size:
+            raise ValueError(f"GRPOConfig: {dpo[0]}_objective='dpo' pairs the best and the worst sample of each group, so a "
+                             f"micro-batch holds whole groups; micro_batch_size={self.micro_batch_size} is not a multiple of "
+                             f"group_size={self.group_size}: pass a multiple of it (e.g. {self.group_size}) or leave it unset.")
         if self.cps_logprob == "squared" and self.sde_type != "cps":
             raise ValueError("GRPOConfig: cps_logprob='squared' is Flow-GRPO's form of the cps step; pass "
                              "sde_type='cps' with it, or keep cps_logprob='density'.")
@@ -346,31 +364,53 @@ def _shared_field(name, help: dict | None = None):
     metadata = {**f.metadata, "help": (help or {}).get(name, f.metadata["help"])}
     return name, f.type, dataclasses.field(default=f.default, metadata=metadata)
 
-def _check_sft(self):
-    for name, low in (("prompts_per_step", 1), ("micro_batch_size", 1), ("sft_timesteps", 1), ("top_k", 0),
-                      ("num_inference_steps", 1), ("decode_batch", 1), ("ar_sample_batch", 1), ("dit_sample_batch", 1),
-                      ("eval_every", 0), ("save_every", 0), ("keep_checkpoints", 1), ("seed", 0),
+def _check_supervised(self):
+    "The checks of a run on given images (SFTConfig, DPOConfig): each of its settings as GRPOConfig checks it."
+    own = self.__dataclass_fields__
+    for name, low in (("prompts_per_step", 1), ("micro_batch_size", 1), ("sft_timesteps", 1), ("dpo_timesteps", 1),
+                      ("top_k", 0), ("num_inference_steps", 1), ("decode_batch", 1), ("ar_sample_batch", 1),
+                      ("dit_sample_batch", 1), ("eval_every", 0), ("save_every", 0), ("keep_checkpoints", 1), ("seed", 0),
                       ("max_consecutive_skips", 0), ("keep_results", 1)):
-        self._integer(name, low)
+        if name in own: self._integer(name, low)
     for name, low, strict in (("lr", 0, True), ("ar_lr", 0, False), ("dit_lr", 0, False), ("max_grad_norm", 0, True),
                               ("weight_decay", 0, False), ("adam_epsilon", 0, True), ("temperature", 0, True),
-                              ("guidance_scale", 0, False)):
-        self._number(name, low, strict)
+                              ("guidance_scale", 0, False), ("dpo_beta", 0, True), ("dit_dpo_beta", 0, True)):
+        if name in own: self._number(name, low, strict)
     if not (self._finite(self.top_p) and 0 < self.top_p <= 1): raise self._bad("top_p", "in (0, 1]")
     self._check_choices()
     self._check_trackers()
     for name in ("train_ar", "train_dit"):
         if not isinstance(getattr(self, name), bool): raise self._bad(name, "True or False")
-    if not (self.train_ar or self.train_dit): raise ValueError("SFTConfig: train_ar and train_dit are both False; nothing would train.")
+    name = type(self).__name__
+    if not (self.train_ar or self.train_dit): raise ValueError(f"{name}: train_ar and train_dit are both False; nothing would train.")
     if self.height is not None or self.width is not None:
         check_image_size(IMAGE_BLOCK if self.height is None else self.height,
-                         IMAGE_BLOCK if self.width is None else self.width, "SFTConfig")
+                         IMAGE_BLOCK if self.width is None else self.width, name)
 
 SFTConfig = dataclasses.make_dataclass("SFTConfig", [
     *(_shared_field(name, SFT_HELP) for name in SHARED),
     ("sft_timesteps", int, setting(1, "the DiT's noise levels per target image and step, drawn from the stock schedule")),
     ("guidance_scale", float, setting(1.5, "classifier-free guidance of the evaluation's images")),
-], bases=(Settings,), namespace={"__post_init__": _check_sft, "__doc__":
+], bases=(Settings,), namespace={"__post_init__": _check_supervised, "__doc__":
     "Every setting of a supervised run: GRPO's where they mean the same (batches, learning rates, evaluation's sampling, "
     "checkpoints, trackers), plus the DiT's noise levels per image."})
 SFTConfig.__module__ = __name__   # where the docs and pickles find it
+
+# a preference run's settings: the supervised ones, DPO's own (GRPO's online dpo shares them), and the reference
+DPO_SETTINGS = ("reference_policy", "dpo_beta", "dpo_loss_type", "dit_dpo_beta", "dpo_timesteps")
+DPO_HELP = {**SFT_HELP, "prompts_per_step": "preference pairs per step on each process",
+            "micro_batch_size": "pairs per forward/backward (default: all of a step's)",
+            "reference_policy": "the reference of DPO's implicit reward: start (the adapters the run started from, "
+                                "--init-adapters; without them the base) or base (adapters off)",
+            "dpo_beta": "DPO of the AR: beta, how far from the reference the policy may go (TRL's default)",
+            "dpo_loss_type": "DPO of the AR: sigmoid (DPO), hinge (SLiC) or ipo (IPO, on each image's mean token log-prob)",
+            "dit_dpo_beta": "Diffusion-DPO of the DiT: beta on the flow-matching errors (Flow-GRPO's on flow-matching "
+                            "latents; the original 5000 was an epsilon-prediction UNet's)"}
+
+DPOConfig = dataclasses.make_dataclass("DPOConfig", [
+    *(_shared_field(name, DPO_HELP) for name in SHARED + DPO_SETTINGS),
+    ("guidance_scale", float, setting(1.5, "classifier-free guidance of the evaluation's images")),
+], bases=(Settings,), namespace={"__post_init__": _check_supervised, "__doc__":
+    "Every setting of a preference run (glm_grpo_nb.dpo_trainer): the supervised run's, and DPO's beta and loss of "
+    "each half, its noise levels and its reference."})
+DPOConfig.__module__ = __name__

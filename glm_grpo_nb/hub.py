@@ -327,10 +327,12 @@ def checkpoints(folder: Path) -> list[Path]:
     if not folder.is_dir(): return []
     return sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / "trainer_state.json").exists())
 
-RUN_KINDS = {"GRPO": ("group_size", "glm-grpo train"), "SFT": ("sft_timesteps", "glm-grpo sft")}   # a setting only it has
+# a setting each kind has, asked in this order: GRPO's settings hold DPO's too (its online dpo objectives)
+RUN_KINDS = {"GRPO": ("group_size", "glm-grpo train"), "SFT": ("sft_timesteps", "glm-grpo sft"),
+             "DPO": ("dpo_timesteps", "glm-grpo dpo")}
 
 def run_kind(settings: dict) -> str | None:
-    "The kind of run ('GRPO', 'SFT') whose settings these are, by a setting only that kind has; None if neither."
+    "The kind of run ('GRPO', 'SFT', 'DPO') whose settings these are, by the first kind's setting they hold; None if none."
     return next((kind for kind, (name, _) in RUN_KINDS.items() if name in settings), None)
 
 def check_run_kind(path: str | Path, kind: str, where: str) -> None:

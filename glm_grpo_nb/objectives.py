@@ -215,7 +215,8 @@ FORWARD_PROCESS = ("ForwardProcessObjective", "DiffusionNFT", "MatchingObjective
 # `forward_process` (which builds on this module's `Objective`, so this module names them and loads them when asked,
 # as `rewards.REWARDS` does its rewards); the settings take their names from here
 OBJECTIVE_CLASSES = {"flow_grpo": "objectives.FlowGRPO", "grpo_guard": "objectives.GRPOGuard",
-                     "nft": "forward_process.DiffusionNFT", "awm": "forward_process.AWM", "dgpo": "forward_process.DGPO"}
+                     "nft": "forward_process.DiffusionNFT", "awm": "forward_process.AWM", "dgpo": "forward_process.DGPO",
+                     "dpo": "pairs.DiffusionDPO"}
 
 def _dit_objectives() -> dict[str, type[Objective]]:
     "The DiT's objectives by name, their classes."

@@ -16,6 +16,7 @@ from .config import GRPOConfig
 from .card import ModelCard
 from .faults import FaultTolerance, OutOfMemory, TrainingStopped, is_out_of_memory  # noqa: F401 (documented here too)
 from .objectives import TokenGRPO, make_objective
+from .pairs import TokenDPO
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows
 from .rewards import (NonFiniteRewardError, RewardOutput, check_reward_rows, check_reward_signature, evaluate_reward,
                                  reward_name)
@@ -138,7 +139,7 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         policy.reference_policy = c.reference_policy
         ar_named, dit_named = self._open_run(output_dir, log_with, accelerator, _resuming)
         # what each half trains with (objectives); the DiT's also says how the DiT samples, trained or not
-        self.objectives = {"ar": TokenGRPO(), "dit": make_objective(c.dit_objective)}
+        self.objectives = {"ar": TokenDPO() if c.ar_objective == "dpo" else TokenGRPO(), "dit": make_objective(c.dit_objective)}
         self.objectives["ar"].setup(self, ar_named, c.train_ar)
         self.objectives["dit"].setup(self, dit_named, c.train_dit)
         self._diversity_warned = False
