@@ -22,7 +22,7 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTr
 # %% auto #0
 __all__ = ['RELEASE_IDS', 'RELEASE_PIXELS', 'TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS',
            'make_random_glm_image', 'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'make_tiny_vlm',
-           'color_rgb', 'palette_codes', 'codes_image', 'synthetic_scene', 'render_sign']
+           'color_rgb', 'palette_codes', 'codes_image', 'synthetic_scene', 'scene_pair', 'render_sign']
 
 # %% ../nbs/05a_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -376,6 +376,21 @@ def synthetic_scene(rng: np.random.Generator, width: int = 64, height: int = 64)
         y = int(rng.integers(0, max(1, height - (b - t)))) - t
         d.text((x, y), word, fill=color_rgb(fg), font=font); caption = f"the word '{word}' in {fg} on {bg}"
     return im, caption
+
+# %% ../nbs/05a_tiny.ipynb #c677aeee
+def scene_pair(rng: np.random.Generator, width: int = 64, height: int = 64) -> tuple[str, Image.Image, Image.Image]:
+    "A prompt, its scene (chosen) and the same scene with its object in a wrong colour (rejected)."
+    names = list(COLOR_NAMES)
+    fg, bg, wrong = (names[i] for i in rng.choice(len(names), 3, replace=False))
+    kind, s = int(rng.integers(3)), int(rng.integers(min(width, height) // 4, min(width, height) * 2 // 3))
+    x, y = int(rng.integers(0, width - s + 1)), int(rng.integers(0, height - s + 1))
+    def draw(colour):
+        im = Image.new("RGB", (width, height), color_rgb(colour if kind == 0 else bg))
+        d = ImageDraw.Draw(im)
+        if kind: (d.rectangle if kind == 1 else d.ellipse)([x, y, x + s - 1, y + s - 1], fill=color_rgb(colour))
+        return im
+    prompt = f"a {fg} field" if kind == 0 else f"a {fg} {'square' if kind == 1 else 'circle'} on a {bg} background"
+    return prompt, draw(fg), draw(wrong)
 
 # %% ../nbs/05a_tiny.ipynb #21edcd84
 def render_sign(lines: str | list[str], size: int = 1024, font_size: int | None = None) -> Image.Image:
