@@ -44,8 +44,10 @@ def _evaluation_section(evaluation: dict, image: str | None = None) -> list[str]
 def _run_evaluations(evaluations: list[dict]) -> list[str]:
     "The card's table of the evaluations during the run (`record_evaluation`): the eval prompts' rewards after n steps."
     keys = list(dict.fromkeys(k for e in evaluations for k in e if k != "after_steps"))
-    return ["## Progress on the evaluation prompts", "", "Mean reward on the evaluation prompts during the run, fixed seeds, "
-            "one image per prompt:",
+    about = ("Mean reward on the evaluation prompts during the run, fixed seeds, one image per prompt:"
+             if "eval/reward" in keys else "On the evaluation pairs during the run, fixed noise: each half's margin of the "
+             "chosen over the rejected, and the share of pairs it prefers more than its reference does:")
+    return ["## Progress on the evaluation prompts", "", about,
             "", "| after step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|",
             *[f"| {e['after_steps']} | " + " | ".join(f"{e[k]:.4f}" if k in e else "" for k in keys) + " |" for e in evaluations], ""]
 
@@ -69,16 +71,20 @@ def _grpo_training(trainer, base: str) -> tuple[str, tuple[str, ...], list[str]]
     c, p = trainer.config, trainer.policy
     seen = trainer.step_count * c.prompts_per_step * c.group_size * trainer.accelerator.num_processes
     halves = []
-    if c.train_ar: halves.append(("AR (`vision_language_encoder`)", f"token-level GRPO (clip {c.clip_range}, KL {c.kl_coef})",
+    best_worst = "on each group's best and worst sample by reward"
+    if c.train_ar: halves.append(("AR (`vision_language_encoder`)", f"DPO {best_worst} ({c.dpo_loss_type}, beta {c.dpo_beta:g})"
+                                  if c.ar_objective == "dpo" else f"token-level GRPO (clip {c.clip_range}, KL {c.kl_coef})",
                                   _lora(p.ar_peft), _half_lr(c, "ar")))
-    if c.train_dit: halves.append(("DiT (`transformer`)", f"{c.dit_objective} ({c.num_inference_steps} denoising steps)",
+    if c.train_dit: halves.append(("DiT (`transformer`)", f"Diffusion-DPO {best_worst} (beta {c.dit_dpo_beta:g}, "
+                                   f"{c.num_inference_steps} denoising steps)" if c.dit_objective == "dpo" else
+                                   f"{c.dit_objective} ({c.num_inference_steps} denoising steps)",
                                    _lora(p.transformer if p.has_dit_lora else None), _half_lr(c, "dit")))
     rewards = ([("both halves", trainer.reward_fn)] if c.mode != "decoupled" else
                [("AR", trainer.ar_reward_fn), ("DiT", trainer.dit_reward_fn)])
     start, began = p.started_from, ""
     if start is not None:   # e.g. after supervised fine-tuning; the reference is named only where a term uses it
         ref = "those adapters" if c.reference_policy == "start" else "the base model"
-        uses = ("the KL's" if c.kl_coef > 0 else
+        uses = ("the KL's" if c.kl_coef > 0 else "DPO's" if "dpo" in (c.ar_objective, c.dit_objective) else
                 "DGPO's" if c.train_dit and c.dit_objective == "dgpo" and c.dgpo_reference == "base" else None)
         began = (f" Training began from the adapters in `{start['path']}` (digest {start['digest']})"
                  + (f"; {uses} reference was {ref}." if uses else "."))

@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .config import GRPOConfig, SFTConfig
+from .config import DPOConfig, GRPOConfig, SFTConfig
 from .options import TRAIN_DEFAULTS, command_parser, config_of, config_options, _option_style  # noqa: F401 (importable here too)
 from .demo import DEMO_PROMPTS, demo  # noqa: F401 (a command, and its prompts)
 from .hub import check_hub_model, check_image_size, model_size, resolve_model
 from .run_command import _check_run, _check_sizes, _data_reader, _dataset_rows, _fit_run, _policy_here, process_device  # noqa: F401 (importable here too)
 
 # %% auto #0
-__all__ = ['REWARD_NAMES', 'ALLOCATOR', 'COMMANDS', 'SETTINGS', 'tiny', 'generate', 'train', 'sft', 'serve_reward', 'plan',
+__all__ = ['REWARD_NAMES', 'ALLOCATOR', 'COMMANDS', 'SETTINGS', 'tiny', 'generate', 'train', 'sft', 'dpo', 'serve_reward', 'plan',
            'evaluate', 'push', 'parser_of', 'main']
 
 # %% ../nbs/09_cli.ipynb #21acca8a
@@ -214,6 +214,67 @@ def sft(
                     resume=lambda: SFTTrainer.resume(out, policy, dataset, allow_changes=allowed, output_dir=out,
                                                      accelerator=accelerator, **evals, **settings))
 
+def _pair_reader(config, chosen, rejected, sources, split, resize, prompt_column, chosen_column, rejected_column):
+    "pairs_of(path): a PairDataset from a prompts file with image folders, a file naming its images, or a hub id."
+    import re
+    from glm_grpo_nb.dpo_trainer import PairDataset
+    size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
+    columns = dict(prompt_column=prompt_column, chosen_column=chosen_column, rejected_column=rejected_column)
+    def pairs_of(p, folders=True):
+        if folders and (chosen or rejected):
+            return PairDataset(p, chosen=chosen, rejected=rejected, sources=sources, resize=size, **columns)
+        if not Path(p).expanduser().exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", p):   # a Hugging Face dataset
+            try: import datasets
+            except ImportError: raise ValueError("dpo: a Hugging Face dataset needs the `datasets` package: pip install datasets") from None
+            try: data = datasets.load_dataset(p, split=split)
+            except Exception as e:
+                raise ValueError(f"dpo: cannot load split {split!r} of {p} ({type(e).__name__}: {str(e)[:200]}); check the "
+                                 "name, the split and your connection.") from None
+            return PairDataset(data, resize=size, **columns)
+        return PairDataset(p, resize=size, **columns)
+    return pairs_of
+
+def dpo(
+    model: str = None,         # GLM-Image folder or hub id (required)
+    prompts: str = None,       # a .txt prompts file (with --chosen and --rejected), a .jsonl/.csv file with prompt, chosen and rejected columns, or a Hugging Face dataset id (those columns, or Pick-a-Pic's caption, jpg_0, jpg_1, label_0) (required)
+    chosen: str = None,        # folder of the chosen images named by prompt line (0.png, 1.png, ...), for a .txt prompts file
+    rejected: str = None,      # folder of the rejected images named by prompt line
+    sources: str = None,       # folder of source images named by prompt line (i2i pairs)
+    out: str = "runs/dpo",     # output folder: metrics.jsonl, checkpoints, adapters
+    steps: int = 100,          # optimiser steps in all (a resumed run continues up to this)
+    split: str = "train",      # the split, when --prompts is a Hugging Face dataset
+    ar_lora: int = 16,         # AR LoRA rank
+    dit_lora: int = 16,        # DiT LoRA rank
+    load_in_4bit: bool = False,  # load the base weights in NF4 (QLoRA)
+    resize: bool = False,      # resize the images to height x width instead of refusing other sizes
+    device: str = None,        # torch device (default: the accelerator's, i.e. CUDA if available, one GPU per process)
+    allow_changes: str = "",   # on resume: parts that may differ from the checkpoint (model,adapters,dataset)
+    eval_pairs: str = None,    # held-out pairs (a .jsonl/.csv file or Hugging Face dataset naming its images), evaluated every --eval-every steps
+    init_adapters: str = None, # start from these adapters (e.g. glm-grpo sft's runs/sft/adapters); the reference is them unless --reference-policy base
+    prompt_column: str = "prompt",   # the prompts' column
+    chosen_column: str = "chosen",   # the chosen images' column
+    rejected_column: str = "rejected",  # the rejected images' column
+    **settings,                # DPOConfig settings given as options (--dpo-beta 0.1, --dit-dpo-beta 100, --no-train-dit, ...)
+):
+    "Train a GLM-Image model's adapters on preference pairs (DPO, Diffusion-DPO); resumes from `out` if it holds checkpoints."
+    for name, v in (("--model", model), ("--prompts", prompts)):
+        if not v: raise ValueError(f"dpo: {name} is required.")
+    if bool(chosen) != bool(rejected):
+        raise ValueError("dpo: pass both --chosen DIR and --rejected DIR (an image of each per prompt line), or neither with "
+                         "a prompts file or dataset that names them.")
+    model, allowed = _check_run("dpo", settings.get("eval_every"), model, out, allow_changes, eval_pairs, init_adapters)
+    config = config_of(DPOConfig, {**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
+    pairs_of = _pair_reader(config, chosen, rejected, sources, split, resize, prompt_column, chosen_column, rejected_column)
+    dataset = pairs_of(prompts)
+    held = pairs_of(eval_pairs, folders=False) if eval_pairs else None
+    _check_sizes("dpo", config, model, dataset, dataset.rejected_data, held, held and held.rejected_data)
+    from glm_grpo_nb.dpo_trainer import DPOTrainer
+    accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters)
+    return _fit_run(out, steps, accelerator, evaluate_ends=bool(eval_pairs) and not config.eval_every,
+                    new=lambda: DPOTrainer(policy, dataset, config=config, eval_pairs=held, output_dir=out, accelerator=accelerator),
+                    resume=lambda: DPOTrainer.resume(out, policy, dataset, allow_changes=allowed, output_dir=out,
+                                                     accelerator=accelerator, eval_pairs=held, **settings))
+
 def __getattr__(name: str):
     "`cli.parse_rewards`, importable as before: it lives in `reward_spec` now, loaded when asked for (it needs torch)."
     if name == "parse_rewards":
@@ -295,6 +356,8 @@ def plan(
     eval_prompts: int = 0,     # prompts of --eval-prompts, evaluated during training (0: none)
     sft: bool = False,         # plan a glm-grpo sft step (supervised: no sampling, no groups) instead of a train step
     sft_timesteps: int = SFTConfig.__dataclass_fields__["sft_timesteps"].default,  # with --sft: the DiT's noise levels per target
+    dpo: bool = False,         # plan a glm-grpo dpo step (preference pairs: both images of each pair, no sampling) instead
+    dpo_timesteps: int = DPOConfig.__dataclass_fields__["dpo_timesteps"].default,  # with --dpo: the DiT's noise levels per pair
     budget_gb: float = 80.0,   # GPU memory in GB
 ):
     "Predict the peak GPU memory of GRPO (or of supervised fine-tuning) on the real GLM-Image, and what to change if it does not fit (exit 1)."
@@ -307,9 +370,12 @@ def plan(
                   guidance_scale=guidance_scale, dit_objective=dit_objective, decode_batch=decode_batch, sampling_copy=sampling_copy,
                   reward_model_params=reward_model_params, source_images=source_images, ar_sample_batch=ar_sample_batch,
                   dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts, budget_gb=budget_gb,
-                  sft_timesteps=sft_timesteps if sft else None)
+                  sft_timesteps=sft_timesteps if sft else None, dpo_timesteps=dpo_timesteps if dpo else None)
     p.suggestions = [_flags(ch) for ch in p.changes] + p.suggestions[len(p.changes):]   # as options of this command
+    if sft and dpo: raise ValueError("plan: pass --sft or --dpo, not both.")
     if sft: print(f"glm-grpo sft's step: {prompts_per_step} target(s) per step, {sft_timesteps} noise level(s) each")
+    elif dpo: print(f"glm-grpo dpo's step: {prompts_per_step} pair(s) per step, both images of each through each half, "
+                    f"{dpo_timesteps} noise level(s) per pair")
     else:
         recipe = GRPOConfig(dit_objective=dit_objective, prompts_per_step=prompts_per_step)   # what train resolves it to
         from glm_grpo_nb.objectives import objective_class
@@ -374,9 +440,9 @@ def push(
 
 # %% ../nbs/09_cli.ipynb #6970f665
 ALLOCATOR = "expandable_segments:True"   # CUDA memory reserved stays close to what is allocated (see `memory`)
-COMMANDS = {"demo": demo, "sft": sft, "train": train, "serve-reward": serve_reward, "plan": plan, "tiny": tiny,
+COMMANDS = {"demo": demo, "sft": sft, "dpo": dpo, "train": train, "serve-reward": serve_reward, "plan": plan, "tiny": tiny,
             "generate": generate, "evaluate": evaluate, "push": push}
-SETTINGS = {"train": GRPOConfig, "sft": SFTConfig}   # the settings a command takes as options, one per field
+SETTINGS = {"train": GRPOConfig, "sft": SFTConfig, "dpo": DPOConfig}   # the settings a command takes as options, one per field
 
 def _usage():
     lines = [f"glm-grpo {__version__}: GRPO fine-tuning for GLM-Image", "", "usage: glm-grpo COMMAND [options]", "", "commands:"]

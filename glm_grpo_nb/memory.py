@@ -238,6 +238,7 @@ def plan(
     dit_sample_batch: int | None = TRAINED["dit_sample_batch"],   # samples the DiT denoises at once (None: all)
     eval_prompts: int = 0,                   # prompts evaluate() samples during fit (0: no evaluation)
     sft_timesteps: int | None = None,        # plan an SFT step (glm_grpo_nb.sft) with this many noise levels per target
+    dpo_timesteps: int | None = None,        # plan a DPO step (glm_grpo_nb.dpo_trainer): prompts_per_step pairs, this many noise levels each
     budget_gb: float = 80.0,                 # GPU memory
     modules: dict | None = None,             # components to plan for (default: the real model on the meta device)
     num_steps: int | None = None,            # old name of num_inference_steps (warns once)
@@ -252,6 +253,12 @@ def plan(
         if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"plan: {name} must be an int >= 1, got {v!r}.")
     check_image_size(height, width, "plan")
     objective = objective_class(dit_objective, "plan")   # a name it does not know is refused here
+    pairs = dpo_timesteps is not None   # a DPO step is an SFT step on both images of each pair, a pair per micro-batch row
+    if pairs:
+        if sft_timesteps is not None: raise ValueError("plan: pass sft_timesteps or dpo_timesteps, not both.")
+        if not isinstance(dpo_timesteps, int) or dpo_timesteps < 1: raise ValueError(f"plan: dpo_timesteps must be an int >= 1, got {dpo_timesteps!r}.")
+        sft_timesteps, prompts_per_step = dpo_timesteps, 2 * prompts_per_step
+        micro_batch_size = None if micro_batch_size is None else 2 * micro_batch_size
     if sft_timesteps is not None and (not isinstance(sft_timesteps, int) or sft_timesteps < 1):
         raise ValueError(f"plan: sft_timesteps must be an int >= 1, got {sft_timesteps!r}.")
     if guidance_scale is None:   # SFTConfig's evaluation guidance, or the objective's
@@ -274,12 +281,15 @@ def plan(
                   dict(ar_sample_batch=max(1, N // 2), dit_sample_batch=max(1, N // 2)),
                   dict(sampling_copy=False), dict(sde_window=[0]),
                   dict(guidance_scale=1.0), dict(prompts_per_step=1)] if sft_timesteps is None else
-                 [dict(load_in_4bit=True), dict(gradient_checkpointing=True), dict(micro_batch_size=1),
-                  dict(sft_timesteps=1), dict(prompts_per_step=1)])
+                 [dict(load_in_4bit=True), dict(gradient_checkpointing=True), dict(micro_batch_size=2 if pairs else 1),
+                  dict(sft_timesteps=1), dict(prompts_per_step=2 if pairs else 1)])
         cur = dict(args)
         for change in tries:
             if all(cur.get(k) == v for k, v in change.items()): continue
             cur.update(change)
+            if pairs:   # said in pairs, as DPOConfig counts them
+                change = {("dpo_timesteps" if k == "sft_timesteps" else k): (v // 2 if k in ("micro_batch_size", "prompts_per_step") else v)
+                          for k, v in change.items()}
             p.changes.append(change)
             p.suggestions.append(", ".join(f"{k}={v!r}" for k, v in change.items()))
             if MemoryPlan(*_estimate(mods, **cur), budget=p.budget).fits: break

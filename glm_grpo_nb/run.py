@@ -119,7 +119,7 @@ class FitSummary(list):
     def __repr__(self):
         rows = [r for r in self if "reward_mean" in r]
         stopped = f", stopped by {self.stopped_by}" if self.stopped_by else ""
-        losses = [k for k in ("ar/sft_loss", "dit/sft_loss") if any(k in r for r in self)]
+        losses = [k for k in ("ar/sft_loss", "dit/sft_loss", "ar/dpo_loss", "dit/dpo_loss") if any(k in r for r in self)]
         if not rows and losses:   # a supervised run: its losses, first steps against last
             trained = [r for r in self if any(k in r for k in losses)]
             k = max(1, len(trained) // 4)
@@ -310,6 +310,7 @@ def evaluation_line(ev: dict, after_steps: int) -> str:
     parts = ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in ev.items() if k.count("/") == 1 and k not in ("eval/reward", "eval/heldout"))
     held = f"; held-out reward {ev['eval/heldout']:.4f}" if "eval/heldout" in ev else ""
     when = f"after step {after_steps}" if after_steps else "before training"
+    if "eval/reward" not in ev: return f"evaluation {when}: {parts}"   # e.g. DPO's margins on held-out pairs
     return f"evaluation {when}: reward {ev['eval/reward']:.4f}" + (f" ({parts})" if parts else "") + held
 
 # %% ../nbs/04i_run.ipynb #b2e00008

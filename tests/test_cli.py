@@ -1,6 +1,8 @@
 "The installed `glm-grpo` console script, end to end in a subprocess."
 import subprocess
 
+import numpy as np
+
 from PIL import Image
 
 from conftest import clean_env
@@ -209,3 +211,40 @@ def test_argument_errors_answer_without_torch(tiny_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
     assert "--group-size must be an int >= 2" in r.stderr and "--lr must be a finite number > 0" in r.stderr, r.stderr
+
+
+def test_dpo_command(glm_grpo, tiny_path, tmp_path):
+    "glm-grpo dpo trains on chosen and rejected folders, evaluates the held-out pairs before and after, writes adapters "
+    "with a DPO card; pairs it cannot use are refused before any model loads and nothing is written."
+    import json
+    from glm_grpo_nb.tiny import scene_pair
+    rng = np.random.default_rng(0)
+    rows = [scene_pair(rng) for _ in range(3)]
+    for sub in ("chosen", "rejected"): (tmp_path / sub).mkdir()
+    (tmp_path / "p.txt").write_text("\n".join(p for p, _, _ in rows) + "\n")
+    for i, (_, c, r) in enumerate(rows):
+        c.save(tmp_path / "chosen" / f"{i}.png"); r.save(tmp_path / "rejected" / f"{i}.png")
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"prompt": p, "chosen": f"chosen/{i}.png", "rejected": f"rejected/{i}.png"}) + "\n"
+                            for i, (p, _, _) in enumerate(rows)))
+    out = tmp_path / "run"
+    args = ["--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt"), "--chosen", str(tmp_path / "chosen"),
+            "--rejected", str(tmp_path / "rejected"), "--device", "cpu"]
+    r = run(glm_grpo, "dpo", *args, "--eval-pairs", str(held), "--steps", "2", "--prompts-per-step", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "evaluation before training: ar_logp_margin " in r.stdout and "ar_accuracy 0.0000" in r.stdout and "evaluation after step 2: " in r.stdout, r.stdout
+    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "ar/dpo_loss" in m]
+    assert len(steps) == 2 and abs(steps[0]["ar/dpo_loss"] - np.log(2)) < 1e-6 and steps[0]["dit/margin"] == 0, steps
+    card = (out / "adapters" / "README.md").read_text()
+    assert "trained on preference pairs (DPO)" in card and "Diffusion-DPO (beta 100)" in card and "- dpo" in card, card
+    # a pair without its rejected image, a wrong size: refused by name, before any model loads, nothing written
+    (tmp_path / "rejected" / "1.png").unlink()
+    r = run(glm_grpo, "dpo", *args, "--out", str(tmp_path / "bad"))
+    assert r.returncode == 2 and "rejected: pair 1: missing" in r.stderr and not (tmp_path / "bad").exists(), r.stderr
+    rows[1][2].resize((96, 96)).save(tmp_path / "rejected" / "1.png")
+    r = run(glm_grpo, "dpo", *args, "--out", str(tmp_path / "bad"))
+    assert r.returncode == 2 and "1.png is 96x96" in r.stderr and not (tmp_path / "bad").exists(), r.stderr
+    r = run(glm_grpo, "sft", "--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt"), "--targets",
+            str(tmp_path / "chosen"), "--out", str(out), "--device", "cpu")
+    assert r.returncode == 2 and "holds the checkpoints of DPO training (written by glm-grpo dpo)" in r.stderr, r.stderr
