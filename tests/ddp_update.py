@@ -21,7 +21,9 @@ PROMPTS = ["a red square on a blue background", "a green field", "a gradient fro
 # each objective's own settings: its noise levels, its extra state, two inner epochs where an epoch's start matters
 OWN = {"nft": dict(nft_timesteps=2, nft_decay_rate=0.3), "grpo_guard": dict(num_inner_epochs=2),
        "awm": dict(awm_timesteps=2, awm_ema_coef=0.1, ema_decay_rate=0.3, num_inner_epochs=2),
-       "dgpo": dict(dgpo_timesteps=2, ema_decay_rate=0.3, num_inner_epochs=2)}
+       "dgpo": dict(dgpo_timesteps=2, ema_decay_rate=0.3, num_inner_epochs=2),
+       # DPO of both halves: a micro-batch holds whole groups, so each pair is in one
+       "dpo": dict(dpo_timesteps=2, ar_objective="dpo", micro_batch_size=2, num_inner_epochs=2)}
 
 if __name__ == "__main__":
     out, model, objective = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -31,8 +33,8 @@ if __name__ == "__main__":
     n_local = len(PROMPTS) // acc.num_processes
     trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=2, prompts_per_step=n_local, height=64, width=64,
                           num_inference_steps=4, sde_window=(0, 2), lr=1e-3, advantage_scale="batch", kl_coef=0.05,
-                          micro_batch_size=3, accelerator=acc, dit_objective=objective, adam_epsilon=1e-4,
-                          **OWN.get(objective, {}))
+                          accelerator=acc, dit_objective=objective, adam_epsilon=1e-4,
+                          **{"micro_batch_size": 3, **OWN.get(objective, {})})
     trainable = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
     grads, step = {}, trainer.optimizer.step
     def first_step(*a, **k):   # the gradients the first optimiser step sees: all-reduced (and clipped)

@@ -15,12 +15,13 @@ OWN = {"flow_grpo": dict(sde_window=(0, 2), sde_window_schedule="progressive"),
        "grpo_guard": dict(sde_window=(0, 2), sde_window_schedule="random", sde_window_every=2),
        "nft": dict(nft_timesteps=2, nft_decay_rate=0.2),
        "awm": dict(awm_timesteps=2, awm_ema_coef=0.1, ema_decay_rate=0.2, awm_weighting="ghuber"),
-       "dgpo": dict(dgpo_timesteps=2, ema_decay_rate=0.2)}
+       "dgpo": dict(dgpo_timesteps=2, ema_decay_rate=0.2),
+       "dpo": dict(dpo_timesteps=2, ar_objective="dpo", micro_batch_size=2)}   # whole groups per micro-batch
 
 
 def trainer(tiny_path, objective, **more):
     policy = GlmImagePolicy.from_pretrained(tiny_path, ar_lora=4, dit_lora=4, device="cpu", lora_seed=0, verbose=False)
-    return GRPOTrainer(policy, RednessReward(), PROMPTS, dit_objective=objective, **SETTINGS, **OWN[objective], **more)
+    return GRPOTrainer(policy, RednessReward(), PROMPTS, dit_objective=objective, **{**SETTINGS, **OWN[objective]}, **more)
 
 
 def state(t):

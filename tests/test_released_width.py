@@ -1,5 +1,5 @@
 """The released model's width, vocabulary, token ids and glyph encoder, one layer per stack: a whole NF4 GRPO step and
-an SFT step on the CPU, in a fresh process (so what bitsandbytes prints on first import is seen too), and the memory
+an SFT step and DPO steps on the CPU, in a fresh process (so what bitsandbytes prints on first import is seen too), and the memory
 plan of that SFT step."""
 import json
 import subprocess
@@ -99,6 +99,26 @@ SCRIPT = textwrap.dedent('''
         g, train = gap()
         gaps.append(g); drift.append((train - start).abs().max().item())
     out["follow"] = dict(gap0=g0, gaps=gaps, drift=drift)
+
+    # DPO at the same width: a step of both halves on a pair of images, and GRPO's online dpo of both halves on a group
+    from glm_grpo_nb.dpo_trainer import DPOTrainer
+    lora = lambda: {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+    moved_since = lambda before: {h: any(not torch.equal(p, before[n]) for n, p in policy.named_parameters()
+                                         if p.requires_grad and n.startswith(k))
+                                  for h, k in (("ar", "vision_language_encoder."), ("dit", "transformer."))}
+    before = lora()
+    # the target SFT taught above is the rejected image (chosen, the sigmoid loss would be saturated at 0 already)
+    d = DPOTrainer(policy, [{"prompt": prompt, "chosen": Image.new("RGB", (256, 256), (30, 30, 200)), "rejected": target}],
+                   prompts_per_step=1, height=256, width=256, lr=1e-3, seed=0)
+    dres = d.step()
+    offline = dict(skipped=dres.skipped, moved=moved_since(before), losses=[dres.metrics["ar/dpo_loss"], dres.metrics["dit/dpo_loss"]])
+    before = lora()
+    on = GRPOTrainer(policy, RednessReward(), [{"prompt": prompt}], group_size=2, prompts_per_step=1, height=256, width=256,
+                     num_inference_steps=2, ar_objective="dpo", dit_objective="dpo", lr=1e-3, seed=0)
+    ores = on.step()
+    m = ores.metrics
+    out["dpo"] = dict(offline=offline, online=dict(skipped=ores.skipped, moved=moved_since(before), pairs=[m["ar/pairs"], m["dit/pairs"]],
+                                                   losses=[m["ar/loss"], m["dit/loss"]]))
     print(json.dumps(out))
 ''')
 
@@ -148,3 +168,13 @@ def test_the_sampling_copy_follows_every_update_at_the_released_width(released):
     # would show it), and after each the copy agrees with the training forward as closely as before the first
     assert f["drift"][-1] > 20 * max(f["gap0"], 1e-6), f
     assert all(g <= 2 * f["gap0"] + 1e-5 for g in f["gaps"]), f
+
+
+def test_dpo_steps_at_the_released_width(released):
+    "One DPO step of each half on a pair of images, and one online dpo step of each half on a sampled group, NF4."
+    d = released[0]["dpo"]
+    off, on = d["offline"], d["online"]
+    assert not off["skipped"] and off["moved"] == {"ar": True, "dit": True}, d
+    assert all(v == v and 0 < v < float("inf") for v in off["losses"]), d   # finite, and not yet 0
+    assert not on["skipped"] and on["pairs"] == [1.0, 1.0] and on["moved"] == {"ar": True, "dit": True}, d
+    assert all(v == v and 0 < v < 10 for v in on["losses"]), d
