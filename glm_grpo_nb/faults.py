@@ -188,16 +188,20 @@ def _retry_oom(self: FaultTolerance, phase: str, n: int, run, before_retry=None)
         if torch.cuda.is_available(): torch.cuda.empty_cache()
         size = min(getattr(self.config, name) or n, n)
         tried.append(size)
-        if size <= 1:
+        # dpo pairs whole groups: its micro-batches are multiples of the group
+        unit = self.config.group_size if name == "micro_batch_size" and "dpo" in (
+            getattr(self.config, "ar_objective", None), getattr(self.config, "dit_objective", None)) else 1
+        if size <= unit:
             raise OutOfMemory(f"out of memory in {phase} with {name}={' then '.join(map(str, tried))} ({failure}). Lower "
                               f"what the step holds at once: height/width ({self.config.width}x{self.config.height}), "
                               f"group_size ({self.config.group_size}), prompts_per_step ({self.config.prompts_per_step}), "
                               f"num_inference_steps ({self.config.num_inference_steps}), or load the base weights in 4 bits; "
                               f"{self._plan_command()} shows what fits.")
-        self.config = self.config.replace(**{name: size // 2})
-        self._lowered[name] = size // 2
+        lower = max(unit, size // 2 // unit * unit)
+        self.config = self.config.replace(**{name: lower})
+        self._lowered[name] = lower
         warnings.warn(f"{self.kind} step {self.step_count}: out of memory in {phase} with {name}={size}; retrying with "
-                      f"{name}={size // 2}, kept for the rest of the run.")
+                      f"{name}={lower}, kept for the rest of the run.")
         if before_retry is not None: before_retry()
 
 @patch
