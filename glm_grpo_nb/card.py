@@ -71,7 +71,9 @@ def _grpo_training(trainer, base: str) -> tuple[str, tuple[str, ...], list[str]]
     c, p = trainer.config, trainer.policy
     seen = trainer.step_count * c.prompts_per_step * c.group_size * trainer.accelerator.num_processes
     halves = []
-    best_worst = "on each group's best and worst sample by reward"
+    dpo_ref = ("the adapters it started from" if p.started_from is not None and c.reference_policy == "start"
+               else "the base model")
+    best_worst = f"on each group's best and worst sample by reward, relative to {dpo_ref}"
     if c.train_ar: halves.append(("AR (`vision_language_encoder`)", f"DPO {best_worst} ({c.dpo_loss_type}, beta {c.dpo_beta:g})"
                                   if c.ar_objective == "dpo" else f"token-level GRPO (clip {c.clip_range}, KL {c.kl_coef})",
                                   _lora(p.ar_peft), _half_lr(c, "ar")))
