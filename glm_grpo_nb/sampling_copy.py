@@ -14,10 +14,33 @@ import bitsandbytes as bnb
 import torch
 from fastcore.basics import patch
 from peft.tuners.lora import LoraLayer
-from transformers import GlmImageForConditionalGeneration, StaticCache
+from transformers import AttentionInterface, GlmImageForConditionalGeneration, StaticCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 # %% auto #0
-__all__ = ['dense_weight', 'merged_weight', 'LowRankLinear']
+__all__ = ['DECODE_ATTENTION', 'decode_attention', 'dense_weight', 'merged_weight', 'LowRankLinear']
+
+# %% ../nbs/01e_sampling_copy.ipynb #f0c24efe
+# the copy's attention (see 'Attention over the cache without copying K and V' below)
+DECODE_ATTENTION = "glm_grpo_sdpa"   # the sampling copy's attention, as transformers knows it
+
+def decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+                     position_bias=None, **kwargs):
+    "transformers' SDPA attention, with a one-token query packed per key/value head, compiled or not: K and V never repeated."
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.shape[2] != 1 or groups == 1 or position_bias is not None or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, position_bias=position_bias, **kwargs)
+    b, heads, _, d = query.shape
+    q = query.reshape(b, heads // groups, groups, d)   # query head h reads key/value head h // groups, as repeat_kv does
+    mask = attention_mask
+    if mask is not None and mask.shape[1] != 1: mask = mask.reshape(b, heads // groups, groups, -1)
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+AttentionInterface.register(DECODE_ATTENTION, decode_attention)
+AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
 
 # %% ../nbs/01e_sampling_copy.ipynb #60b6eb97
 def dense_weight(layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
@@ -98,6 +121,11 @@ def _build_sampling_lm(self: GlmImagePolicy, dtype: torch.dtype) -> torch.nn.Mod
                 mod._parameters[k] = torch.nn.Parameter(theirs.get_parameter(k).detach().to(dtype), requires_grad=False)
             for k, b in list(mod.named_buffers(recurse=False)):      # rotary tables keep the dtype they are built in
                 mod._buffers[k] = theirs.get_buffer(k).detach().to(b.dtype)
+    if lm.config._attn_implementation == "sdpa":   # a configuration of its own: decode steps read K and V as they are
+        shared, own = lm.config, copy.copy(lm.config)
+        own._attn_implementation = DECODE_ATTENTION
+        for mod in lm.modules():
+            if getattr(mod, "config", None) is shared: mod.config = own
     return lm.eval()
 
 @patch
