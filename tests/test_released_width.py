@@ -112,6 +112,9 @@ SCRIPT = textwrap.dedent('''
                    prompts_per_step=1, height=256, width=256, lr=1e-3, seed=0)
     dres = d.step()
     offline = dict(skipped=dres.skipped, moved=moved_since(before), losses=[dres.metrics["ar/dpo_loss"], dres.metrics["dit/dpo_loss"]])
+    with torch.no_grad():   # the AR back at the base: the SFT above can make both samples of a group the same tokens
+        for n, p in policy.named_parameters():
+            if "lora_B" in n and n.startswith("vision_language_encoder."): p.zero_()
     before = lora()
     on = GRPOTrainer(policy, RednessReward(), [{"prompt": prompt}], group_size=2, prompts_per_step=1, height=256, width=256,
                      num_inference_steps=2, ar_objective="dpo", dit_objective="dpo", lr=1e-3, seed=0)
