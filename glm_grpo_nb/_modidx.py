@@ -1016,6 +1016,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'glm_grpo_nb.sft.SFTTrainer._targets': ('sft.html#sfttrainer._targets', 'glm_grpo_nb/sft.py'),
                                  'glm_grpo_nb.sft.SFTTrainer.resume': ('sft.html#sfttrainer.resume', 'glm_grpo_nb/sft.py'),
                                  'glm_grpo_nb.sft.SFTTrainer.step': ('sft.html#sfttrainer.step', 'glm_grpo_nb/sft.py'),
+                                 'glm_grpo_nb.sft._optimizer_step': ('sft.html#_optimizer_step', 'glm_grpo_nb/sft.py'),
                                  'glm_grpo_nb.sft.ar_sft_loss': ('sft.html#ar_sft_loss', 'glm_grpo_nb/sft.py'),
                                  'glm_grpo_nb.sft.closeness_reward': ('sft.html#closeness_reward', 'glm_grpo_nb/sft.py'),
                                  'glm_grpo_nb.sft.dit_sft_loss': ('sft.html#dit_sft_loss', 'glm_grpo_nb/sft.py'),

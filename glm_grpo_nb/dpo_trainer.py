@@ -28,7 +28,7 @@ from .policy import GlmImagePolicy, mix_seed, to_host
 from .run import RunLoop, _chunks
 from .run_command import _dataset_rows
 from .run_setup import check_image_sizes
-from .sft import SFTResult
+from .sft import SFTResult, _optimizer_step
 from .tokens import concat_rollouts
 
 # %% auto #0
@@ -224,11 +224,10 @@ def _half_loss(policy, config, rolls, trajs, points, rows, half: str):
     "A half's DPO loss on pairs `rows` and its metrics (the reference's values first, without gradients)."
     with torch.no_grad(), policy.reference(): ref, _ = _pair_values(policy, rolls, trajs, points, rows, half)
     (c, r), tokens = _pair_values(policy, rolls, trajs, points, rows, half)
+    if not (c.isfinite().all() and r.isfinite().all()): return c.sum() + r.sum(), {}   # the step says which, and skips
     if half == "ar":
-        if not (c.isfinite().all() and r.isfinite().all()): return c.sum() + r.sum(), {}
         return dpo_loss(c, r, ref[0], ref[1], beta=config.dpo_beta, loss_type=config.dpo_loss_type,
                         chosen_tokens=tokens[0], rejected_tokens=tokens[1])
-    if not (c.isfinite().all() and r.isfinite().all()): return c.sum() + r.sum(), {}
     return diffusion_dpo_loss(c, r, ref[0], ref[1], beta=config.dit_dpo_beta)
 
 # %% ../nbs/07b_dpo_trainer.ipynb #d4967025
@@ -259,19 +258,7 @@ def step(self: DPOTrainer) -> DPOResult:
                 for k, v in m.items(): sums[f"{half}/{k}"] = sums.get(f"{half}/{k}", 0.0) + share * v
                 sec[f"update_{half}"] = sec.get(f"update_{half}", 0.0) + time.perf_counter() - t0
         metrics = {**sums, "skipped": 0.0}
-        halves = [(h, ps) for h, ps, on in (("ar", self.ar_params, c.train_ar), ("dit", self.dit_params, c.train_dit)) if on]
-        for h, ps in halves: self._reduce_grads(ps)
-        for h, ps in halves:
-            norm = torch.nn.utils.clip_grad_norm_(ps, c.max_grad_norm).item()
-            metrics[f"{h}/grad_norm"] = norm
-            if bad is None and not torch.isfinite(torch.tensor(norm)): bad = f"the {h} gradient norm was {norm}"
-        if self._everywhere(bad is None):
-            self.optimizer.step(); self.optimizer_steps += 1
-        else:
-            metrics["skipped"] = 1.0
-            self._count_skip(bad or "another process met a non-finite loss or gradient")
-        self.optimizer.zero_grad(set_to_none=True)
-        if not metrics["skipped"]: self.consecutive_skips = 0
+        _optimizer_step(self, metrics, bad)
         metrics["dpo/pairs_per_second"] = n / sum(sec.values())
         res = DPOResult(step=self.step_count, prompts=prompts, metrics=metrics, seconds=sec, skipped=bool(metrics["skipped"]),
                         skip_reason=self.skip_reason if metrics["skipped"] else None)

@@ -203,6 +203,24 @@ def _targets(self: SFTTrainer, idx: list[int]):
     traj = pol.sft_trajectory(roll, targets) if c.train_dit else None
     return prompts, roll, traj
 
+def _optimizer_step(trainer, metrics: dict, bad: str | None) -> None:
+    "After the backward passes of a supervised step (SFT, DPO): each trained half's gradient reduced and clipped (its norm"
+    " into `metrics`), then the optimiser step, or the step skipped where anything (`bad`, a norm) was not finite."
+    c = trainer.config
+    halves = [(h, ps) for h, ps, on in (("ar", trainer.ar_params, c.train_ar), ("dit", trainer.dit_params, c.train_dit)) if on]
+    for h, ps in halves: trainer._reduce_grads(ps)
+    for h, ps in halves:
+        norm = torch.nn.utils.clip_grad_norm_(ps, c.max_grad_norm).item()
+        metrics[f"{h}/grad_norm"] = norm
+        if bad is None and not torch.isfinite(torch.tensor(norm)): bad = f"the {h} gradient norm was {norm}"
+    if trainer._everywhere(bad is None):
+        trainer.optimizer.step(); trainer.optimizer_steps += 1
+    else:
+        metrics["skipped"] = 1.0
+        trainer._count_skip(bad or "another process met a non-finite loss or gradient")
+    trainer.optimizer.zero_grad(set_to_none=True)
+    if not metrics["skipped"]: trainer.consecutive_skips = 0
+
 @patch
 def step(self: SFTTrainer) -> SFTResult:
     "One SFT step: the AR's cross-entropy and the DiT's flow-matching loss on `prompts_per_step` targets, one optimiser step."
@@ -234,19 +252,7 @@ def step(self: SFTTrainer) -> SFTResult:
                 sums[f"{half}/sft_loss"] = sums.get(f"{half}/sft_loss", 0.0) + share * loss.item()
                 sec[f"update_{half}"] = sec.get(f"update_{half}", 0.0) + time.perf_counter() - t0
         metrics = {**sums, "skipped": 0.0}
-        halves = [(h, ps) for h, ps, on in (("ar", self.ar_params, c.train_ar), ("dit", self.dit_params, c.train_dit)) if on]
-        for h, ps in halves: self._reduce_grads(ps)
-        for h, ps in halves:
-            norm = torch.nn.utils.clip_grad_norm_(ps, c.max_grad_norm).item()
-            metrics[f"{h}/grad_norm"] = norm
-            if bad is None and not torch.isfinite(torch.tensor(norm)): bad = f"the {h} gradient norm was {norm}"
-        if self._everywhere(bad is None):
-            self.optimizer.step(); self.optimizer_steps += 1
-        else:
-            metrics["skipped"] = 1.0
-            self._count_skip(bad or "another process met a non-finite loss or gradient")
-        self.optimizer.zero_grad(set_to_none=True)
-        if not metrics["skipped"]: self.consecutive_skips = 0
+        _optimizer_step(self, metrics, bad)
         total = sum(sec.values())
         metrics.update({"sft/tokens_per_second": tokens / total if c.train_ar else 0.0, "sft/images_per_second": n / total})
         res = SFTResult(step=self.step_count, prompts=prompts, metrics=metrics, seconds=sec, skipped=bool(metrics["skipped"]),
