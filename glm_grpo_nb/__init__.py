@@ -8,7 +8,7 @@ import importlib as _importlib
 import sys as _sys
 from importlib.abc import Loader as _Loader, MetaPathFinder as _MetaPathFinder
 
-_STAGES = ("sampling_copy", "tokens", "flow", "nft")
+_STAGES = ("sampling_copy", "tokens", "decode_loop", "flow", "nft")
 
 class _ThenStages(_Loader):
     "Wraps the loader of `glm_grpo_nb.policy`: execute it, then import the stage modules."

@@ -105,7 +105,9 @@ class GlmImagePolicy(torch.nn.Module):
         dev = next(vision_language_encoder.parameters()).device
         self.sampling_copy = dev.type == "cuda" if sampling_copy is None else bool(sampling_copy)
         self._sampler, self._kv, self.max_sampling_caches = None, {}, 2   # see `sampling_model` and `sampling_cache`
-        self.sampling_compile = None   # a transformers.CompileConfig for the copy's decode step; None: transformers' default
+        self.sampling_compile = None   # a transformers.CompileConfig for the copy's decode step; None: ours (see decode_loop)
+        self.fixed_decode = True       # the copy decodes in decode_loop's fixed-length loop; False: transformers' generate
+        self.prompt_bucket = None      # prompts up to this many tokens share the copy's cache and compiled step (None: grows)
         ar_cfg = _lora_config(ar_lora, AR_LORA_TARGETS, "ar_lora")
         # under 4-bit the AR's other parameters stay in the compute dtype: peft's k-bit preparation would make them
         # float32 (embeddings, norms, head), and with them the residual stream, attention and MLP activations

@@ -309,13 +309,18 @@ def sample_tokens(
     if self.sampling_copy: ids, mask = _pad_left(ids, mask, self.processor.tokenizer.pad_token_id, 64)
     grids_n, per_n = _repeat_groups(grids, per_sample, G)
     seeds = sample_seeds(seed, ids.shape[0], "sample_tokens: seed")
+    if self.sampling_copy and self.fixed_decode:   # the copy's own loop (decode_loop): the same tokens as generate's
+        with train_mode(self.ar, False):
+            grid_tokens, logprobs = self.decode_tokens(ids, mask, grids_n, per_n, n_sampled, seeds, temperature, top_k, top_p)
+        return self._rollout(prompts, G, layout, height, width, ids, mask, grids_n, per_n, grid_tokens, logprobs, images,
+                             source_ids, source_grids, temperature, top_k, top_p)
     sampler = _GridSampler(self.codebook_size, temperature, top_k, top_p, ids.shape[1], seeds)
     gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=n_sampled,   # the sampler draws; generate takes its pick
                                pad_token_id=self.processor.tokenizer.pad_token_id, eos_token_id=self.image_end_id,
                                bos_token_id=self.image_start_id)
     cache = None
     if self.sampling_copy:   # the copy's static cache: transformers compiles the decode step on CUDA
-        gen_cfg.compile_config, cache = self.sampling_compile, self.sampling_cache(ids.shape[0], ids.shape[1] + n_sampled)
+        gen_cfg.compile_config, cache = self.sampling_compile, self.sampling_cache(ids.shape[0], max(ids.shape[1], self.prompt_bucket or 0) + n_sampled)
     with train_mode(self.ar, False), torch.no_grad():
         model = self.sampling_model()   # the AR, or its dense copy (see `policy`)
         out = model.generate(input_ids=self.on_device(ids), attention_mask=self.on_device(mask),

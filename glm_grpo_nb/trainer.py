@@ -143,6 +143,7 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         self.objectives["ar"].setup(self, ar_named, c.train_ar)
         self.objectives["dit"].setup(self, dit_named, c.train_dit)
         self._diversity_warned = False
+        if self.policy.sampling_copy and self.policy.prompt_bucket is None: self._reserve_prompt_bucket()
         self._start_trackers(log_with)
 
     def _check_policy_and_data(self):
@@ -170,6 +171,17 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         return f"GRPOTrainer(step {self.step_count}, mode={c.mode!r}, G={c.group_size}, {c.width}x{c.height})"
 
 # %% ../nbs/07_trainer.ipynb #30e8bf8b
+@patch
+def _reserve_prompt_bucket(self: GRPOTrainer, chunk: int = 64) -> None:
+    "One prompt bucket for the run: the longest prompt of the data and the eval prompts, so the decode step compiles once."
+    c, pol, longest = self.config, self.policy, 0
+    for data in (self.dataset, self.eval_dataset):
+        for start in range(0, 0 if data is None else len(data), chunk):   # sources opened a chunk at a time
+            rows = data.examples[start:start + chunk]
+            images = [[data._load(s) for s in e.sources] for e in rows] if data.has_sources else None
+            longest = max(longest, pol.prompt_length([e.prompt for e in rows], c.height, c.width, images))
+    pol.prompt_bucket = longest
+
 @patch
 def _sample_seeds(self: GRPOTrainer, step: int, n: int, salt: int = 0) -> list[int]:
     "Seeds of this process's n samples at `step`, from (seed, step, salt, global sample index): any process count."
