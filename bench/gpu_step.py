@@ -97,7 +97,7 @@ def one_setting(model: str, name: str, size: int, steps: int, tiny: bool) -> dic
     device = "cpu" if tiny else "cuda"
     t0 = time.perf_counter()
     policy = GlmImagePolicy.from_pretrained(model, load_in_4bit=s["load_in_4bit"], ar_lora=16, dit_lora=16, device=device,
-                                            torch_dtype=torch.bfloat16, verbose=False)
+                                            torch_dtype=torch.float32 if tiny else torch.bfloat16, verbose=False)
     if device == "cuda": torch.cuda.synchronize()
     out = {"setting": name, **s, "build_seconds": round(time.perf_counter() - t0, 1),
            "resident_gb": round(torch.cuda.memory_allocated() / GB, 2) if device == "cuda" else None,

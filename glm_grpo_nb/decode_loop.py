@@ -15,6 +15,7 @@ from fastcore.basics import patch
 from transformers import CompileConfig
 from transformers.masking_utils import create_masks_for_generate
 
+from .hub import compile_cache_dir
 from .tokens import sampling_logits
 
 # %% auto #0
@@ -53,6 +54,7 @@ def _step_function(config: CompileConfig | None, device: torch.device):
     config = CompileConfig(fullgraph=True) if config is None else config
     if device.type != "cuda" and not getattr(config, "_compile_all_devices", False): return decode_step
     opts = tuple(sorted(config.options.items())) if config.options else None
+    compile_cache_dir()   # what inductor compiles is kept for the next run (see hub)
     return compiled_step(bool(config.fullgraph), config.dynamic, config.backend, config.mode, opts)
 
 @patch
@@ -97,20 +99,20 @@ def decode_tokens(
     with torch.no_grad():
         # the prompt, as generate feeds it: transformers' own mask for the static cache, the M-RoPE table built here
         full = create_masks_for_generate(config=model.config, attention_mask=mask, cache=cache, position_ids=None,
-                                         inputs_embeds=torch.empty((N, L, 0), dtype=model.dtype, device=ids.device))
+                                         inputs_embeds=torch.empty((N, L, 0), dtype=model.dtype, device=self.device))
         logits = model(input_ids=ids, attention_mask=full, image_grid_thw=self.on_device(image_grid_thw),
                        images_per_sample=self.on_device(images_per_sample), cache=cache, use_cache=True,
                        logits_to_keep=1).logits[:, -1].float()
         table = model.model._cached_decode_position_ids   # [N, 3, D >= T]
         st = self._decode_buffers(N, num_tokens, S, table.shape[-1])
-        gens = generators(seeds, ids.device)
+        gens = generators(seeds, self.device)
         for row, g in zip(st["noise"], gens): row.exponential_(generator=g)
         logp = sampling_logits(logits, K, temperature, top_k, top_p).log_softmax(-1)
         first = (logp[:, :K] - st["noise"].log()).argmax(-1, keepdim=True)
         st["tokens"][:, :1].copy_(first); st["logprobs"][:, :1].copy_(logp.gather(-1, first))
         st["step"].fill_(1); st["start"].fill_(L); st["table"].copy_(table)
         st["valid"].zero_(); st["valid"][:, :L].copy_(mask.bool()); st["valid"][:, L:L + num_tokens] = True
-        step = _step_function(self.sampling_compile, ids.device)
+        step = _step_function(self.sampling_compile, self.device)
         for _ in range(1, num_tokens):
             for row, g in zip(st["noise"], gens): row.exponential_(generator=g)   # each row's own generator, as generate's
             step(model, cache, st["tokens"], st["logprobs"], st["noise"], st["step"], st["start"], st["valid"],

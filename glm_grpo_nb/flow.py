@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from PIL import Image
-from .hub import sde_steps   # first: it quiets upstream's harmless notices
+from .hub import compile_cache_dir, sde_steps   # first: it quiets upstream's harmless notices
 from diffusers import GlmImagePipeline
 from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache
 from diffusers.pipelines.glm_image.pipeline_glm_image import calculate_shift, retrieve_timesteps
@@ -186,6 +186,7 @@ def _source_kv(self: GlmImagePolicy, rollout: TokenRollout, i: int, dtype, grad:
             memo = self.__dict__["_sources"] = (state, {})
         hit = memo[1].get(key)
         if hit is not None and torch.equal(hit[1], codes): return hit[2]
+    self._prepare_dit()
     pipe, dev = self.pipeline, self.device
     cache = GlmImageKVCache(num_layers=self.transformer.config.num_layers)
     cache.set_mode("write")
@@ -202,7 +203,7 @@ def _source_kv(self: GlmImagePolicy, rollout: TokenRollout, i: int, dtype, grad:
                 self.transformer(hidden_states=lat, encoder_hidden_states=torch.zeros(1, 0, self.transformer.config.text_embed_dim, device=dev, dtype=dtype),
                                  prior_token_id=prior, prior_token_drop=torch.zeros_like(prior, dtype=torch.bool),
                                  timestep=torch.zeros(1, device=dev), target_size=torch.tensor([[h, w]], device=dev),
-                                 crop_coords=torch.zeros(1, 2, device=dev), kv_caches=cache)
+                                 crop_coords=torch.zeros(1, 2, device=dev), kv_caches=cache, image_rotary_emb=self._rotary(lat))
     finally: self.transformer.gradient_checkpointing = checkpointing
     kv = [(layer.k_caches[0], layer.v_caches[0]) for layer in cache.caches]
     if grad: return kv
@@ -229,14 +230,51 @@ def _condition_cache(self: GlmImagePolicy, rollout: TokenRollout, prompt_rows: l
 
 # %% ../nbs/01b_flow.ipynb #d3fec5e0
 @patch
+def _rotary(self: GlmImagePolicy, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    "The DiT's rotary tables (cos, sin) for latents shaped like `x`, built once per size on the compute device and kept."
+    # diffusers builds them on the host at every forward and each block copies them to the device: ~120 copies a forward
+    key = (*x.shape[-2:], str(self.device))
+    tables = self.__dict__.setdefault("_rotary_tables", {})
+    if key not in tables: tables[key] = tuple(self.on_device(t) for t in self.transformer.rope(x))
+    return tables[key]
+
+@patch
+def _prepare_dit(self: GlmImagePolicy) -> None:
+    "Apply the DiT's settings before a forward: its attention backend (`dit_attention`) and compiled blocks (`dit_compile`)."
+    want = (self.dit_attention, repr(self.dit_compile), self.device.type)
+    before = self.__dict__.get("_dit_prepared")
+    if before == want: return
+    from diffusers.models.attention_dispatch import AttentionBackendName
+    if self.dit_attention is not None:
+        names = [b.value for b in AttentionBackendName]
+        if self.dit_attention not in names:
+            raise ValueError(f"dit_attention: {self.dit_attention!r} is not one of diffusers' attention backends: {names}.")
+        self.transformer.set_attention_backend(self.dit_attention)
+    elif before is not None and before[0] is not None: self.transformer.reset_attention_backend()
+    opts = self.dit_compile
+    if opts is None: opts = {} if self.device.type == "cuda" else False   # on with CUDA: the blocks with torch.compile's defaults
+    if opts is not False and not isinstance(opts, dict):
+        raise ValueError(f"dit_compile: None, False or a dict of torch.compile's keywords, got {opts!r}.")
+    blocks = [m for m in self.transformer.modules() if type(m).__name__ in self.transformer._repeated_blocks]
+    for b in blocks: b._compiled_call_impl = None   # undo an earlier setting first
+    if opts is not False:
+        # sampling, the update and its recompute meet the blocks with and without gradients, in train and eval mode,
+        # with and without a source's cache, and glyph lengths of 0, 1 or more: a graph each, all kept
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+        compile_cache_dir()   # what inductor compiles is kept for the next run (see hub)
+        self.transformer.compile_repeated_blocks(**opts)
+    self.__dict__["_dit_prepared"] = want
+
+@patch
 def _velocity(self: GlmImagePolicy, x, t, prior, embeds, neg_embeds, guidance_scale, cache, height, width):
     "Guided velocity (fp32) for latents `x` [n, C, h, w] at scheduler timestep `t`."
+    self._prepare_dit()
     n, dt = x.shape[0], self.dit_dtype
     size = torch.tensor([[height, width]], dtype=embeds.dtype, device=x.device).repeat(n, 1)
     crop = torch.zeros(n, 2, dtype=embeds.dtype, device=x.device)
     timestep = self.on_device(torch.as_tensor(t)).expand(n) - 1   # one timestep, or one per row
     kw = dict(hidden_states=x.to(dt), prior_token_id=prior, timestep=timestep, target_size=size, crop_coords=crop,
-              return_dict=False)
+              image_rotary_emb=self._rotary(x), return_dict=False)
     v = self.transformer(encoder_hidden_states=embeds, prior_token_drop=torch.zeros_like(prior, dtype=torch.bool),
                          kv_caches=cache, **kw)[0].float()
     if guidance_scale > 1:

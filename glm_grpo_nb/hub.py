@@ -30,7 +30,8 @@ __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'DEVICE_ENV', 'DIT_ADAPTE
            'check_cpu_dtype', 'atomic_write', 'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps',
            'sde_window_at', 'folder_info', 'folder_kind', 'model_size', 'check_folder', 'mark_folder', 'atomic_folder',
            'remove_leftovers', 'checkpoints', 'run_kind', 'check_run_kind', 'file_sha256', 'folder_digest',
-           'file_digests', 'check_digests', 'RunLock', 'hush_harmless_notices', 'quiet_io', 'package_object']
+           'file_digests', 'check_digests', 'RunLock', 'hush_harmless_notices', 'quiet_io', 'package_object',
+           'compile_cache_dir']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -465,3 +466,11 @@ def package_object(where: str):
     "The object `module.name` of this package, its module imported when first asked for."
     module, name = where.rsplit(".", 1)
     return getattr(importlib.import_module(f"glm_grpo_nb.{module}"), name)
+
+# %% ../nbs/00a_hub.ipynb #f11e6ba9
+def compile_cache_dir() -> Path:
+    "The folder torch.compile's inductor keeps its compiled code in across runs: $TORCHINDUCTOR_CACHE_DIR, set here if unset."
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(base / "glm_grpo_nb" / "torch_compile")
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])

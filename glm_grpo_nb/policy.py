@@ -108,6 +108,8 @@ class GlmImagePolicy(torch.nn.Module):
         self.sampling_compile = None   # a transformers.CompileConfig for the copy's decode step; None: ours (see decode_loop)
         self.fixed_decode = True       # the copy decodes in decode_loop's fixed-length loop; False: transformers' generate
         self.prompt_bucket = None      # prompts up to this many tokens share the copy's cache and compiled step (None: grows)
+        self.dit_compile = None        # the DiT's blocks compiled (flow): None on with CUDA, False off, or torch.compile's keywords
+        self.dit_attention = None      # the DiT's attention backend by diffusers' name (flow); None: SDPA's own pick
         ar_cfg = _lora_config(ar_lora, AR_LORA_TARGETS, "ar_lora")
         # under 4-bit the AR's other parameters stay in the compute dtype: peft's k-bit preparation would make them
         # float32 (embeddings, norms, head), and with them the residual stream, attention and MLP activations

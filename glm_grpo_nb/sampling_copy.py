@@ -17,9 +17,12 @@ from peft.tuners.lora import LoraLayer
 from transformers import AttentionInterface, GlmImageForConditionalGeneration, StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.glm_image.modeling_glm_image import apply_rotary_pos_emb, eager_attention_forward
 
 # %% auto #0
-__all__ = ['DECODE_ATTENTION', 'decode_attention', 'dense_weight', 'merged_weight', 'LowRankLinear']
+__all__ = ['DECODE_ATTENTION', 'decode_attention', 'dense_weight', 'merged_weight', 'LowRankLinear', 'GroupedProjections',
+           'grouped_attention']
 
 # %% ../nbs/01e_sampling_copy.ipynb #f0c24efe
 # the copy's attention (see 'Attention over the cache without copying K and V' below)
@@ -105,6 +108,50 @@ class LowRankLinear(torch.nn.Module):
         if A.shape == self.lora_A.shape and A.dtype == self.lora_A.dtype: self.lora_A.copy_(A); self.lora_B.copy_(B)
         else: self.lora_A, self.lora_B = A.detach().clone(), B.detach().clone()   # another rank: new tensors
 
+class GroupedProjections(torch.nn.Module):
+    "The q, k and v of one attention layer of the copy as one: their adapters' A products in one GEMM, their bases in one where the copy owns them."
+    def __init__(self, parts: list[LowRankLinear], fuse_base: bool):
+        super().__init__()
+        object.__setattr__(self, "parts", parts)   # still the layer's q_proj, k_proj, v_proj (refreshed by name)
+        self.sizes, self.ranks = [p.weight.shape[0] for p in parts], None
+        for k in ("weight", "bias", "lora_A"): self.register_buffer(k, None)
+        if fuse_base:   # the copy's own dense weights (dequantised or cast): one tensor, the parts' weights views of it
+            self.weight = torch.cat([p.weight for p in parts])
+            for p, w in zip(parts, self.weight.split(self.sizes)): p.weight = w
+            if parts[0].bias is not None:
+                self.bias = torch.cat([p.bias for p in parts])
+                for p, b in zip(parts, self.bias.split(self.sizes)): p.bias = b
+        self.tie()
+
+    @torch.no_grad()
+    def tie(self) -> None:
+        "Make the parts' A factors views of one [sum of ranks, in] tensor (again after a rank changed)."
+        A, ranks = self.lora_A, [p.lora_A.shape[0] for p in self.parts]
+        if A is not None and ranks == self.ranks and all(
+                p.lora_A.untyped_storage().data_ptr() == A.untyped_storage().data_ptr() for p in self.parts if p.lora_A.shape[0]):
+            return
+        self.lora_A, self.ranks = torch.cat([p.lora_A for p in self.parts]), ranks
+        for p, a in zip(self.parts, self.lora_A.split(ranks)): p.lora_A = a
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.weight is not None: base = torch.nn.functional.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+        else: base = [torch.nn.functional.linear(x, p.weight, p.bias) for p in self.parts]
+        if not self.lora_A.shape[0]: return tuple(base)
+        low = torch.nn.functional.linear(x.to(self.lora_A.dtype), self.lora_A).split(self.ranks, dim=-1)
+        return tuple((y + torch.nn.functional.linear(a, p.lora_B)).to(y.dtype) if r else y
+                     for y, a, p, r in zip(base, low, self.parts, self.ranks))
+
+def grouped_attention(self, hidden_states, position_embeddings, attention_mask, cache=None, **kwargs):
+    "GLM-Image's text attention with q, k and v from the layer's `GroupedProjections` (the copy's; the same steps otherwise)."
+    input_shape = hidden_states.shape[:-1]
+    q, k, v = (t.view(*input_shape, -1, self.head_dim).transpose(1, 2) for t in self.qkv(hidden_states))
+    cos, sin = position_embeddings
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    if cache is not None: k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+    out, weights = attend(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
+    return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+
 @patch
 def _build_sampling_lm(self: GlmImagePolicy, dtype: torch.dtype) -> torch.nn.Module:
     "A plain copy of the AR's language model in `dtype`, built layer by layer (one dequantised weight at a time)."
@@ -121,6 +168,15 @@ def _build_sampling_lm(self: GlmImagePolicy, dtype: torch.dtype) -> torch.nn.Mod
                 mod._parameters[k] = torch.nn.Parameter(theirs.get_parameter(k).detach().to(dtype), requires_grad=False)
             for k, b in list(mod.named_buffers(recurse=False)):      # rotary tables keep the dtype they are built in
                 mod._buffers[k] = theirs.get_buffer(k).detach().to(b.dtype)
+    for name, mod in lm.named_modules():   # q, k and v in one module per layer (see 'Grouped projections' below)
+        if all(hasattr(mod, p) for p in ("q_proj", "k_proj", "v_proj")):
+            parts = [mod.q_proj, mod.k_proj, mod.v_proj]
+            theirs = [src.get_submodule(f"{name}.{p}") for p in ("q_proj", "k_proj", "v_proj")]
+            base = lambda t: t.get_base_layer() if isinstance(t, LoraLayer) else t
+            shared = any(p.weight.untyped_storage().data_ptr() == base(t).weight.untyped_storage().data_ptr()
+                         for p, t in zip(parts, theirs))
+            mod.qkv = GroupedProjections(parts, fuse_base=not shared)
+            mod.forward = types.MethodType(grouped_attention, mod)
     if lm.config._attn_implementation == "sdpa":   # a configuration of its own: decode steps read K and V as they are
         shared, own = lm.config, copy.copy(lm.config)
         own._attn_implementation = DECODE_ATTENTION
@@ -133,6 +189,8 @@ def _refresh_sampling_copy(self: GlmImagePolicy) -> None:
     "Give the copy the adapters as they are now: only the low-rank factors change (the base weights are frozen)."
     for name, mod in self._sampler.named_modules():   # the copy mirrors the AR's module names
         if isinstance(mod, LowRankLinear): mod.refresh(self.ar.get_submodule(name))
+    for mod in self._sampler.modules():
+        if isinstance(mod, GroupedProjections): mod.tie()   # a new rank made new A tensors: one again
 
 def _decode_step_inputs(model, input_ids, **kwargs):
     "The copy's `prepare_inputs_for_generation`: decode steps get their M-RoPE positions here, outside the compiled forward."
