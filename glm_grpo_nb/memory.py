@@ -171,8 +171,12 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
         # factors (float32) apart from the weights, in both cases
         dense = sum(m.in_features * m.out_features * dtype_bytes for n, m in ar.model.language_model.named_modules()
                     if isinstance(m, torch.nn.Linear) and ar_quantized(n, m)) if load_in_4bit else 0
+        # a layer's q, k and v are one module in the copy: under 4-bit their biases are concatenated, a copy of their own
+        qkv = [m for m in ar.model.language_model.modules() if all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj"))]
+        biases = sum(sum(p.out_features for p in (m.q_proj, m.k_proj, m.v_proj)) * dtype_bytes for m in qkv
+                     if m.q_proj.bias is not None) if load_in_4bit else 0
         factors = lora_params(ar, AR_LORA_TARGETS, lora_rank) * 4 if train in ("ar", "both") else 0
-        resident["sampling copy (AR language model)"] = dense + factors
+        resident["sampling copy (AR language model)"] = dense + biases + factors
         resident["sampling copy's KV cache"] = kv_cache
     if not sft: resident["reward models"] = reward_model_params * dtype_bytes
     # an NF4 layer's matmul dequantises its whole weight in the compute dtype (in forward, and again in backward)

@@ -221,6 +221,7 @@ def sampling_cache(self: GlmImagePolicy, batch_size: int, length: int) -> Static
 def clear_sampling_caches(self: GlmImagePolicy) -> None:
     "Free the sampling copy's KV caches and the i2i sources' (after an out-of-memory error, say); the next call allocates what it needs."
     self._kv.clear()
+    self.__dict__.pop("_decode_state", None)   # decode_loop's buffers beside the caches
     self.__dict__.pop("_sources", None)   # flow's `_source_kv`
 
 @patch

@@ -54,8 +54,8 @@ def test_sampling_copy_on_cuda_matches_in_float32(tiny_path):
 
 
 def test_4bit_sampling_copy_is_bf16_and_compiled(tiny_path):
-    """Under 4-bit in bf16 (the CLI's path): the copy is bf16 with its own bf16 head, carries no quantizer, and transformers
-    compiles its decode step into one graph; small adapter changes reach it (the sampler gap stays at bf16 noise)."""
+    """Under 4-bit in bf16 (the CLI's path): the copy is bf16 with its own bf16 head, carries no quantizer, and its decode
+    loop compiles the step into one graph; small adapter changes reach it (the sampler gap stays at bf16 noise)."""
     from torch._dynamo.utils import counters
     from glm_grpo_nb.policy import GlmImagePolicy
     from glm_grpo_nb.sampling_copy import LowRankLinear
