@@ -15,8 +15,8 @@ from fastcore.basics import patch
 from transformers import CompileConfig
 from transformers.masking_utils import create_masks_for_generate
 
+from . import tokens as token_stage   # read when called: importing tokens first loads this module before tokens is done
 from .hub import compile_cache_dir
-from .tokens import sampling_logits
 
 # %% auto #0
 __all__ = ['decode_step', 'compiled_step']
@@ -34,7 +34,7 @@ def decode_step(model, cache, tokens, logprobs, noise, step, start, valid, table
     pos = table.index_select(2, prev).permute(1, 0, 2).contiguous()   # [3, N, 1]
     logits = model(input_ids=tokens.index_select(1, prev), attention_mask=mask, position_ids=pos, cache=cache,
                    use_cache=True, logits_to_keep=1).logits[:, -1].float()
-    logp = sampling_logits(logits, codebook_size, temperature, top_k, top_p).log_softmax(-1)
+    logp = token_stage.sampling_logits(logits, codebook_size, temperature, top_k, top_p).log_softmax(-1)
     choice = (logp[:, :codebook_size] - noise.log()).argmax(-1, keepdim=True)   # the exponential race: a draw from p
     tokens.index_copy_(1, step, choice)
     logprobs.index_copy_(1, step, logp.gather(-1, choice))
@@ -107,7 +107,7 @@ def decode_tokens(
         st = self._decode_buffers(N, num_tokens, S, table.shape[-1])
         gens = generators(seeds, self.device)
         for row, g in zip(st["noise"], gens): row.exponential_(generator=g)
-        logp = sampling_logits(logits, K, temperature, top_k, top_p).log_softmax(-1)
+        logp = token_stage.sampling_logits(logits, K, temperature, top_k, top_p).log_softmax(-1)
         first = (logp[:, :K] - st["noise"].log()).argmax(-1, keepdim=True)
         st["tokens"][:, :1].copy_(first); st["logprobs"][:, :1].copy_(logp.gather(-1, first))
         st["step"].fill_(1); st["start"].fill_(L); st["table"].copy_(table)

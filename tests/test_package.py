@@ -45,14 +45,14 @@ def test_policy_has_all_its_methods_whichever_module_comes_first():
     "The stage modules add their methods to GlmImagePolicy; importing any one module first must bring all of them."
     methods = ["from_pretrained", "reference", "save_adapters", "sample_tokens", "token_logprobs", "rollout_from_tokens",
                "sample_latents", "latent_logprobs", "decode", "noised_velocity", "sampling_model", "sampling_cache",
-               "clear_sampling_caches"]
+               "clear_sampling_caches", "decode_tokens", "prompt_length"]
     def check(first):   # a fresh interpreter each: the order of imports is the point
         code = (f"import {first}\nfrom glm_grpo_nb.policy import GlmImagePolicy\n"
                 f"missing = [m for m in {methods!r} if not hasattr(GlmImagePolicy, m)]\nassert not missing, missing")
         return first, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=300)
     from concurrent.futures import ThreadPoolExecutor
-    firsts = ("glm_grpo_nb.policy", "glm_grpo_nb.sampling_copy", "glm_grpo_nb.tokens", "glm_grpo_nb.flow", "glm_grpo_nb.nft",
-              "glm_grpo_nb.trainer")
+    firsts = ("glm_grpo_nb.policy", "glm_grpo_nb.sampling_copy", "glm_grpo_nb.tokens", "glm_grpo_nb.decode_loop",
+              "glm_grpo_nb.flow", "glm_grpo_nb.nft", "glm_grpo_nb.trainer")
     with ThreadPoolExecutor(max(1, min(len(firsts), os.cpu_count() or 1))) as pool:   # independent: side by side
         for first, out in pool.map(check, firsts):
             assert out.returncode == 0, f"importing {first} first:\n{out.stderr[-2000:]}"
