@@ -470,7 +470,13 @@ def package_object(where: str):
 # %% ../nbs/00a_hub.ipynb #f11e6ba9
 def compile_cache_dir() -> Path:
     "The folder torch.compile's inductor keeps its compiled code in across runs: $TORCHINDUCTOR_CACHE_DIR, set here if unset."
-    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    import torch
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    # inductor writes its own default (under /tmp) into the variable as soon as it is imported: that one is replaced
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, "", default_cache_dir()):
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(base / "glm_grpo_nb" / "torch_compile")
+        # one folder per CPU vector ISA: inductor's CPU kernels for another ISA must never be loaded (a folder copied
+        # from another machine, or ATEN_CPU_CAPABILITY set, gave wrong numbers and crashes with one folder for all)
+        isa = torch.backends.cpu.get_cpu_capability().lower()
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(base / "glm_grpo_nb" / "torch_compile" / isa)
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
