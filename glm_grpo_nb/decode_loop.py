@@ -129,12 +129,6 @@ def prompt_length(
     chunk: int = 64,                    # prompts per processor call
 ) -> int:
     "The longest of these prompts in tokens, as `sample_tokens` lays it out (sources' codes in place, padded to 64)."
-    longest = 0
-    for i in range(0, len(prompts), chunk):
-        part = prompts[i:i + chunk]
-        msgs = [[{"role": "user", "content": [{"type": "image", "image": im} for im in (images[i + j] if images else [])]
-                  + [{"type": "text", "text": p}]}] for j, p in enumerate(part)]
-        enc = self.processor.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
-                                                 processor_kwargs=dict(target_h=height, target_w=width, padding=True))
-        longest = max(longest, enc["input_ids"].shape[1])
-    return -(-longest // 64) * 64
+    longest = max(self._chat_template(prompts[i:i + chunk], height, width, images and images[i:i + chunk])["input_ids"].shape[1]
+                  for i in range(0, len(prompts), chunk))
+    return -(-longest // 64) * 64   # as `_pad_left` pads the copy's prompts

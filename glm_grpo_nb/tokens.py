@@ -247,11 +247,16 @@ def _image_codes(self: GlmImagePolicy, pixel_values: torch.Tensor, grids: torch.
         return to_host(model.get_image_tokens(feats))
 
 @patch
-def _encode_prompts(self: GlmImagePolicy, prompts, height, width, images):
+def _chat_template(self: GlmImagePolicy, prompts, height, width, images):
+    "The processor's chat template for these prompts (and their source images), padded to the longest."
     msgs = [[{"role": "user", "content": [{"type": "image", "image": im} for im in (images[i] if images else [])]
               + [{"type": "text", "text": p}]}] for i, p in enumerate(prompts)]
-    enc = self.processor.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
-                                             processor_kwargs=dict(target_h=height, target_w=width, padding=True))
+    return self.processor.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
+                                              processor_kwargs=dict(target_h=height, target_w=width, padding=True))
+
+@patch
+def _encode_prompts(self: GlmImagePolicy, prompts, height, width, images):
+    enc = self._chat_template(prompts, height, width, images)
     input_ids, grids, per_sample = enc["input_ids"], enc["image_grid_thw"], enc["images_per_sample"]
     source_ids = source_grids = None
     if images:
