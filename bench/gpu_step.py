@@ -15,7 +15,10 @@ trainer times (sample_ar, sample_dit, decode, reward, prepare, update_ar, update
 `step()`, ms per sampled token, the peak allocated / reserved memory of each phase next to `memory.plan`'s prediction
 for the same setting, the first inner epoch's ratio extremes (AR, DiT), `ar/sampler_gap` and the sampler's mismatch (`ar/rollout_*`, the perplexities, `ar/is_*` with the correction), every `lowered/*` (a batch
 halved after running out of memory), whether the step was skipped and why; per setting the build seconds, the resident
-memory after loading and dynamo's graph counts (the first step includes compiling the decode step).
+memory after loading and dynamo's graph counts (the first step includes compiling the decode step); per step also the
+seconds dynamo and inductor spent compiling in it, the graphs it added and `cudagraph_skips` (graphs inductor could not
+run as CUDA graphs: 0 is the fast path's contract). A child (`--one NAME`) appends each step's report to `--lines FILE`
+as the step ends and writes its whole report to `--report FILE` (what `bench.device_check` keeps when the budget ends).
 A setting fails, and the exit status is non-zero, when any step is skipped or leaves a non-finite gradient norm; each
 step reports the first optimiser step's ratios (`first_ratio_*`), each half's loss, gradient norm and clip fraction, and
 a skipped step's account (`skip_reason`, `nonfinite/*`).
@@ -81,9 +84,11 @@ def step_failure(step: dict) -> str | None:
     return f"non-finite {', '.join(bad)}" if bad else None
 
 
-def one_setting(model: str, name: str, size: int, steps: int, tiny: bool) -> dict:
-    "Load the model, run `steps` GRPO steps of setting `name`, return the report (in this process)."
+def one_setting(model: str, name: str, size: int, steps: int, tiny: bool, lines: Path | None = None) -> dict:
+    """Load the model, run `steps` GRPO steps of setting `name`, return the report (in this process); each step's report
+    also appended to `lines` as it ends (JSON lines: a run cut off keeps its finished steps)."""
     import torch
+    from bench.device_check import dynamo_figures
     from PIL import Image
     import glm_grpo_nb.trainer as trainer_module
     import glm_grpo_nb.update as update_module
@@ -120,11 +125,13 @@ def one_setting(model: str, name: str, size: int, steps: int, tiny: bool) -> dic
               sampling_copy=policy.sampling_copy, source_images=1 if sources else 0)
     resident = sum(pl.resident.values()) / GB
     out.update(plan_peak_gb=round(pl.peak / GB, 2), steps=[])
-    for _ in range(s.get("steps", steps)):
+    for i in range(s.get("steps", steps)):
         PEAKS.clear()
+        before = dynamo_figures()
         start = time.perf_counter()
         res = t.step()
         whole = time.perf_counter() - start
+        after = dynamo_figures()
         m, sec = res.metrics, res.seconds
         n_tokens = gh * gw + (0 if sources else 256)   # the large grid, and for t2i the 16x16 preview written first
         out["steps"].append({
@@ -140,11 +147,17 @@ def one_setting(model: str, name: str, size: int, steps: int, tiny: bool) -> dic
             "halves": {f"{h}/{k}": m.get(f"{h}/{k}") for h in ("ar", "dit") for k in HALF_METRICS},
             "nonfinite": {k: v for k, v in m.items() if k.startswith("nonfinite/")},
             "lowered": {k: v for k, v in m.items() if k.startswith("lowered/")},
-            "skipped": res.skipped, "skip_reason": res.skip_reason})
+            "skipped": res.skipped, "skip_reason": res.skip_reason,
+            "compile_seconds": round(after["compile_seconds"] - before["compile_seconds"], 2),   # dynamo and inductor
+            "new_graphs": after["unique_graphs"] - before["unique_graphs"], "graph_breaks": after["graph_breaks"],
+            "cudagraph_skips": after["cudagraph_skips"]})
         out["steps"][-1]["failure"] = step_failure(out["steps"][-1])
+        if lines is not None:
+            with open(lines, "a") as f: f.write(json.dumps({"setting": name, "step": i, **out["steps"][-1]}) + "\n")
     t.close()
     from torch._dynamo.utils import counters
-    out["dynamo"] = {"unique_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
+    out["dynamo"] = {"unique_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values()),
+                     "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
     return out
 
 
@@ -198,8 +211,10 @@ def main():
 if __name__ == "__main__":
     if "--one" in sys.argv:   # a child: one setting, its report as the last line of stdout
         name = _arg("--one")
-        try: result = one_setting(_arg("--model"), name, int(_arg("--size")), int(_arg("--steps")), "--tiny" in sys.argv)
+        lines = Path(_arg("--lines")) if "--lines" in sys.argv else None
+        try: result = one_setting(_arg("--model"), name, int(_arg("--size")), int(_arg("--steps")), "--tiny" in sys.argv, lines)
         except Exception as e:   # recorded by the parent; the next setting still runs
             result = {"setting": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
+        if "--report" in sys.argv: Path(_arg("--report")).write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result))
     else: main()

@@ -22,26 +22,27 @@ from .hub import compile_cache_dir
 __all__ = ['decode_step', 'compiled_step']
 
 # %% ../nbs/01f_decode_loop.ipynb #85425270
-def decode_step(model, cache, tokens, logprobs, noise, step, start, valid, table, codebook_size: int,
-                temperature: float, top_k: int, top_p: float) -> None:
+def decode_step(model, cache, tokens, logprobs, noise, step, start, valid, table, temperature, top_p,
+                codebook_size: int, top_k: int, truncate: bool) -> None:
     "One token step of the sampling copy, on the device alone: feed the last drawn token, draw the next, record its log-prob."
     # tokens, logprobs [N, T]: what is drawn so far; noise [N, K]: this step's Exp(1) race; step [1]: the index drawn
     # now; start [1]: the prompt's length; valid [N, S]: the cache's keys a query may read; table [N, 3, T]: M-RoPE
-    # positions of the drawn tokens. Everything advances in place: no host read, the same shapes at every token.
+    # positions of the drawn tokens; temperature, top_p [1]: the sampling settings (top_p read only when `truncate`).
+    # Everything advances in place: no host read, no host number, the same shapes at every token.
     prev = step - 1
     positions = torch.arange(valid.shape[1], device=valid.device)
     mask = (valid & (positions <= start + prev))[:, None, None, :]   # causal over the whole cache, padding left out
     pos = table.index_select(2, prev).permute(1, 0, 2).contiguous()   # [3, N, 1]
     logits = model(input_ids=tokens.index_select(1, prev), attention_mask=mask, position_ids=pos, cache=cache,
                    use_cache=True, logits_to_keep=1).logits[:, -1].float()
-    logp = token_stage.sampling_logits(logits, codebook_size, temperature, top_k, top_p).log_softmax(-1)
+    logp = token_stage.sampling_logits(logits, codebook_size, temperature, top_k, top_p if truncate else 1.0).log_softmax(-1)
     choice = (logp[:, :codebook_size] - noise.log()).argmax(-1, keepdim=True)   # the exponential race: a draw from p
     tokens.index_copy_(1, step, choice)
     logprobs.index_copy_(1, step, logp.gather(-1, choice))
     step.add_(1)
 
 @functools.lru_cache(maxsize=8)
-def compiled_step(fullgraph: bool, dynamic, backend: str, mode: str | None, options: tuple | None):
+def compiled_step(fullgraph: bool, dynamic, backend, mode: str | None, options: tuple | None):
     "`decode_step` compiled with these settings (one compiled function per setting, its graphs kept across calls)."
     kw = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend)
     if options: kw["options"] = dict(options)
@@ -51,7 +52,9 @@ def compiled_step(fullgraph: bool, dynamic, backend: str, mode: str | None, opti
 # %% ../nbs/01f_decode_loop.ipynb #a9ed440c
 def _step_function(config: CompileConfig | None, device: torch.device):
     "The step as it runs on `device`: compiled on CUDA (or wherever the config asks), eager elsewhere."
-    config = CompileConfig(fullgraph=True) if config is None else config
+    # ours: one graph (fullgraph) of fixed shapes (dynamic=False: nothing symbolic, no number the host passes in)
+    if config is False: return decode_step   # policy.sampling_compile = False: eager everywhere
+    config = CompileConfig(fullgraph=True, dynamic=False) if config is None else config
     if device.type != "cuda" and not getattr(config, "_compile_all_devices", False): return decode_step
     opts = tuple(sorted(config.options.items())) if config.options else None
     compile_cache_dir()   # what inductor compiles is kept for the next run (see hub)
@@ -70,10 +73,16 @@ def _decode_buffers(self: GlmImagePolicy, n: int, num_tokens: int, cache_len: in
                      noise=torch.ones(n, self.codebook_size, device=d),
                      step=torch.zeros(1, dtype=torch.long, device=d), start=torch.zeros(1, dtype=torch.long, device=d),
                      valid=torch.zeros(n, cache_len, dtype=torch.bool, device=d),
-                     table=torch.zeros(n, 3, table_len, dtype=torch.long, device=d))
+                     table=torch.zeros(n, 3, table_len, dtype=torch.long, device=d),
+                     temperature=torch.ones(1, device=d), top_p=torch.ones(1, device=d))
         for t in state.values(): torch._dynamo.mark_static_address(t)
         bufs[key] = state
     return bufs[key]
+
+def _rows(ids, mask, grids, per_sample, seeds, index: list[int]):
+    "The prompts' rows `index` (a row may repeat): their ids, masks, grid blocks, counts and seeds."
+    blocks = torch.split(grids, per_sample.tolist())
+    return ids[index], mask[index], torch.cat([blocks[i] for i in index]), per_sample[index], [seeds[i] for i in index]
 
 @patch
 def decode_tokens(
@@ -87,6 +96,24 @@ def decode_tokens(
     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:   # tokens [N, T], log-probs [N, T], on the host
     "`num_tokens` image codes per row from the sampling copy: the prompt at once, then one fixed-shape step per token."
+    N, B = input_ids.shape[0], self.row_bucket
+    settings = (num_tokens, temperature, top_k, top_p)
+    if not B or N == B: return self._decode_rows(input_ids, attention_mask, image_grid_thw, images_per_sample, seeds, *settings)
+    # the run's row bucket: fewer rows padded with the last one again (its draws thrown away), more in calls of B rows,
+    # so evaluation's batches replay training's graphs; every row draws from its own generator, so nothing changes
+    tokens, logprobs = [], []
+    for first in range(0, N, B):
+        index = list(range(first, min(first + B, N)))
+        real = len(index)
+        t, lp = self._decode_rows(*_rows(input_ids, attention_mask, image_grid_thw, images_per_sample, seeds,
+                                         index + index[-1:] * (B - real)), *settings)
+        tokens.append(t[:real]); logprobs.append(lp[:real])
+    return torch.cat(tokens), torch.cat(logprobs)
+
+@patch
+def _decode_rows(self: GlmImagePolicy, input_ids, attention_mask, image_grid_thw, images_per_sample, seeds, num_tokens,
+                 temperature, top_k, top_p) -> tuple[torch.Tensor, torch.Tensor]:
+    "`decode_tokens` for rows decoded together: the prompt's forward, then the compiled step once per token."
     model, (N, L) = self.sampling_model(), input_ids.shape
     if self.prompt_bucket is not None and L > self.prompt_bucket:
         warnings.warn(f"sample_tokens: a prompt of {L} tokens is longer than policy.prompt_bucket ({self.prompt_bucket}): "
@@ -112,12 +139,18 @@ def decode_tokens(
         st["tokens"][:, :1].copy_(first); st["logprobs"][:, :1].copy_(logp.gather(-1, first))
         st["step"].fill_(1); st["start"].fill_(L); st["table"].copy_(table)
         st["valid"].zero_(); st["valid"][:, :L].copy_(mask.bool()); st["valid"][:, L:L + num_tokens] = True
-        step = _step_function(self.sampling_compile, self.device)
-        for _ in range(1, num_tokens):
-            for row, g in zip(st["noise"], gens): row.exponential_(generator=g)   # each row's own generator, as generate's
-            step(model, cache, st["tokens"], st["logprobs"], st["noise"], st["step"], st["start"], st["valid"],
-                 st["table"], K, temperature, top_k, top_p)
+        st["temperature"].fill_(temperature); st["top_p"].fill_(top_p)   # the settings as the step reads them
+        self._decode_steps(model, cache, st, gens, num_tokens - 1, top_k, top_p < 1.0)
         return to_host(st["tokens"].clone()), to_host(st["logprobs"].clone())
+
+@patch
+def _decode_steps(self: GlmImagePolicy, model, cache, state: dict, gens, count: int, top_k: int, truncate: bool) -> None:
+    "`count` token steps over the loop's kept `state`, each row's race drawn from its generator in `gens`."
+    step = _step_function(self.sampling_compile, self.device)
+    for _ in range(count):
+        for row, g in zip(state["noise"], gens): row.exponential_(generator=g)   # each row's own generator, as generate's
+        step(model, cache, state["tokens"], state["logprobs"], state["noise"], state["step"], state["start"],
+             state["valid"], state["table"], state["temperature"], state["top_p"], self.codebook_size, top_k, truncate)
 
 # %% ../nbs/01f_decode_loop.ipynb #17963499
 @patch

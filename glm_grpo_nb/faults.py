@@ -200,6 +200,7 @@ def _retry_oom(self: FaultTolerance, phase: str, n: int, run, before_retry=None)
         lower = max(unit, size // 2 // unit * unit)
         self.config = self.config.replace(**{name: lower})
         self._lowered[name] = lower
+        if name == "ar_sample_batch" and self.policy.row_bucket: self.policy.row_bucket = min(self.policy.row_bucket, lower)
         warnings.warn(f"{self.kind} step {self.step_count}: out of memory in {phase} with {name}={size}; retrying with "
                       f"{name}={lower}, kept for the rest of the run.")
         if before_retry is not None: before_retry()

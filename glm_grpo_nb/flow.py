@@ -21,7 +21,7 @@ from diffusers import GlmImagePipeline
 from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache
 from diffusers.pipelines.glm_image.pipeline_glm_image import calculate_shift, retrieve_timesteps
 
-from .policy import GlmImagePolicy, generators, randn_rows, sample_seeds, to_host, train_mode
+from .policy import GlmImagePolicy, generators, randn_rows, sample_seeds, to_host
 if TYPE_CHECKING: from glm_grpo_nb.tokens import TokenRollout  # flow never imports tokens at run time
 
 # %% auto #0
@@ -238,6 +238,10 @@ def _rotary(self: GlmImagePolicy, x: torch.Tensor) -> tuple[torch.Tensor, torch.
     if key not in tables: tables[key] = tuple(self.on_device(t) for t in self.transformer.rope(x))
     return tables[key]
 
+def _glyph_length_dynamic(module, args, out: torch.Tensor) -> None:
+    "A forward hook on the glyph projector: its output's length, when 2 or more, enters the compiled blocks as a symbol."
+    if out.shape[1] >= 2: torch._dynamo.maybe_mark_dynamic(out, 1)   # 0 and 1 are always graphs of their own
+
 @patch
 def _prepare_dit(self: GlmImagePolicy) -> None:
     "Apply the DiT's settings before a forward: its attention backend (`dit_attention`) and compiled blocks (`dit_compile`)."
@@ -257,12 +261,16 @@ def _prepare_dit(self: GlmImagePolicy) -> None:
         raise ValueError(f"dit_compile: None, False or a dict of torch.compile's keywords, got {opts!r}.")
     blocks = [m for m in self.transformer.modules() if type(m).__name__ in self.transformer._repeated_blocks]
     for b in blocks: b._compiled_call_impl = None   # undo an earlier setting first
+    hook = self.__dict__.pop("_glyph_hook", None)
+    if hook is not None: hook.remove()
     if opts is not False:
-        # sampling, the update and its recompute meet the blocks with and without gradients, in train and eval mode,
-        # with and without a source's cache, and glyph lengths of 0, 1 or more: a graph each, all kept
+        # sampling and the update meet the blocks without and with gradients (the recompute: the update's graphs, the
+        # DiT never leaves eval mode), with and without a source's cache, and glyph lengths of 0, 1 or more: the
+        # lengths of 2 or more marked dynamic where they enter the blocks, so a new quoted text compiles nothing
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
         compile_cache_dir()   # what inductor compiles is kept for the next run (see hub)
         self.transformer.compile_repeated_blocks(**opts)
+        self.__dict__["_glyph_hook"] = self.transformer.glyph_projector.register_forward_hook(_glyph_length_dynamic)
     self.__dict__["_dit_prepared"] = want
 
 @patch
@@ -420,22 +428,23 @@ def latent_logprobs(
     if mb < 1: raise ValueError(f"latent_logprobs: micro_batch_size must be >= 1, got {micro_batch_size}.")
     dev, steps = self.device, traj.window
     out, means, vels, order = [], [], [], []
-    with train_mode(self.transformer, torch.is_grad_enabled()):   # the DiT has no dropout
-        for start in range(0, N, mb):
-            for rows, embeds, neg, prior, cache in self._conditions(traj, range(start, min(start + mb, N))):
-                lp = torch.zeros(len(rows), S, device=dev)
-                step_means, step_vels = [], []
-                for i in steps:
-                    x, x_next = self.on_device(traj.latents[rows, i]), self.on_device(traj.latents[rows, i + 1])
-                    v = self._velocity(x, traj.timesteps[i], prior, embeds, neg, traj.guidance_scale, cache,
-                                       traj.rollout.height, traj.rollout.width)
-                    mean, tau = sde_step(x, v, traj.sigmas[i].item(), traj.sigmas[i + 1].item(), traj.noise_level,
-                                         traj.sde_type, traj.sigmas[1].item())
-                    lp[:, i] = step_logprob(x_next, mean, tau, traj.cps_logprob)
-                    step_means.append(mean); step_vels.append(v)
-                out.append(lp); order += rows
-                if return_means: means.append(torch.stack(step_means, 1))
-                if return_velocities: vels.append(torch.stack(step_vels, 1))
+    # the DiT stays in eval mode (no dropout; its checkpointing asks only whether gradients are on), so the forward here
+    # and its recompute in the backward, which runs after this returns, meet the same compiled block graphs
+    for start in range(0, N, mb):
+        for rows, embeds, neg, prior, cache in self._conditions(traj, range(start, min(start + mb, N))):
+            lp = torch.zeros(len(rows), S, device=dev)
+            step_means, step_vels = [], []
+            for i in steps:
+                x, x_next = self.on_device(traj.latents[rows, i]), self.on_device(traj.latents[rows, i + 1])
+                v = self._velocity(x, traj.timesteps[i], prior, embeds, neg, traj.guidance_scale, cache,
+                                   traj.rollout.height, traj.rollout.width)
+                mean, tau = sde_step(x, v, traj.sigmas[i].item(), traj.sigmas[i + 1].item(), traj.noise_level,
+                                     traj.sde_type, traj.sigmas[1].item())
+                lp[:, i] = step_logprob(x_next, mean, tau, traj.cps_logprob)
+                step_means.append(mean); step_vels.append(v)
+            out.append(lp); order += rows
+            if return_means: means.append(torch.stack(step_means, 1))
+            if return_velocities: vels.append(torch.stack(step_vels, 1))
     back = self.on_device(torch.argsort(torch.tensor(order)))   # rows were grouped by glyph length: back to their order
     res = [torch.cat(out, 0)[back]] + [torch.cat(e, 0)[back] for e, on in ((means, return_means), (vels, return_velocities)) if on]
     return res[0] if len(res) == 1 else tuple(res)

@@ -13,7 +13,7 @@ from fastcore.basics import patch
 
 from typing import TYPE_CHECKING
 
-from .policy import AdapterWeights, GlmImagePolicy, generators, randn_rows, to_host, train_mode
+from .policy import AdapterWeights, GlmImagePolicy, generators, randn_rows, to_host
 if TYPE_CHECKING: from glm_grpo_nb.flow import LatentTrajectory  # stages never import each other at run time
 
 # %% auto #0
@@ -96,11 +96,10 @@ def noised_velocity(
     sigma = traj.sigmas[sigma_index].view(-1, 1, 1, 1)
     x = (1 - sigma) * x0 + sigma * noise
     v, order = [], []
-    with train_mode(self.transformer, torch.is_grad_enabled()):   # the DiT has no dropout
-        for rows, embeds, _, prior, cache in self._conditions(traj, range(N)):
-            v.append(self._velocity(self.on_device(x[rows]), traj.timesteps[sigma_index[rows]], prior, embeds, None, 1.0,
-                                    cache, traj.rollout.height, traj.rollout.width))
-            order += rows
+    for rows, embeds, _, prior, cache in self._conditions(traj, range(N)):   # in eval mode, as `latent_logprobs`
+        v.append(self._velocity(self.on_device(x[rows]), traj.timesteps[sigma_index[rows]], prior, embeds, None, 1.0,
+                                cache, traj.rollout.height, traj.rollout.width))
+        order += rows
     back = self.on_device(torch.argsort(torch.tensor(order)))
     return torch.cat(v)[back], self.on_device(noise - x0)
 

@@ -105,9 +105,10 @@ class GlmImagePolicy(torch.nn.Module):
         dev = next(vision_language_encoder.parameters()).device
         self.sampling_copy = dev.type == "cuda" if sampling_copy is None else bool(sampling_copy)
         self._sampler, self._kv, self.max_sampling_caches = None, {}, 2   # see `sampling_model` and `sampling_cache`
-        self.sampling_compile = None   # a transformers.CompileConfig for the copy's decode step; None: ours (see decode_loop)
+        self.sampling_compile = None   # a transformers.CompileConfig for the copy's decode step; None: ours; False: eager (decode_loop)
         self.fixed_decode = True       # the copy decodes in decode_loop's fixed-length loop; False: transformers' generate
         self.prompt_bucket = None      # prompts up to this many tokens share the copy's cache and compiled step (None: grows)
+        self.row_bucket = None         # the copy decodes this many rows per call, fewer padded, more split (None: as given)
         self.dit_compile = None        # the DiT's blocks compiled (flow): None on with CUDA, False off, or torch.compile's keywords
         self.dit_attention = None      # the DiT's attention backend by diffusers' name (flow); None: SDPA's own pick
         ar_cfg = _lora_config(ar_lora, AR_LORA_TARGETS, "ar_lora")
@@ -117,6 +118,10 @@ class GlmImagePolicy(torch.nn.Module):
             if gradient_checkpointing:
                 vision_language_encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         dit_cfg = _lora_config(dit_lora, DIT_LORA_TARGETS, "dit_lora")
+        if dit_cfg is not None and dit_cfg.lora_dropout:
+            raise ValueError(f"dit_lora: lora_dropout={dit_cfg.lora_dropout}, but the DiT runs in eval mode throughout (its "
+                             "sampled and recomputed log-probs must agree, and a step's forward and its recompute share "
+                             "compiled graphs): pass a LoraConfig with lora_dropout=0.")
         self.has_dit_lora = dit_cfg is not None
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(lora_seed)  # LoRA A matrices start random: seed them so runs are reproducible

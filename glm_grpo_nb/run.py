@@ -284,7 +284,8 @@ def evaluate(self: RunLoop, prompts=None, seed: int = 12345, eval_reward=None) -
         traj = self._retry_oom("sample_dit", len(mine), lambda: latents(roll))
         images = self._retry_oom("decode", len(mine), lambda: pol.decode(traj, self.config.decode_batch))
     del roll, traj
-    pol.clear_sampling_caches()   # the evaluation's KV caches go: training's batch sizes need their own
+    if pol.row_bucket is None: pol.clear_sampling_caches()   # the evaluation's KV caches go: training's batch sizes need
+    # their own (with a row bucket evaluation decoded in training's cache, buffers and graphs: they stay)
     sums = {}   # the sums of this process's scores, per key as the history stores them
     for prefix, reward in (("eval/reward", self.reward_fn), ("eval/heldout", self.eval_reward if eval_reward is None else eval_reward)):
         if reward is None: continue

@@ -6,6 +6,7 @@ DiT's flow-matching loss on its latents, text-to-image and image-to-image."""
 # %% ../nbs/07a_sft.ipynb #39750b86
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,7 +244,7 @@ def step(self: SFTTrainer) -> SFTResult:
             for half, on in (("ar", c.train_ar), ("dit", c.train_dit)):
                 if not on: continue
                 t0 = time.perf_counter()
-                with train_mode(pol.ar if half == "ar" else pol.transformer, True):
+                with train_mode(pol.ar, True) if half == "ar" else contextlib.nullcontext():   # the DiT: eval mode (flow)
                     if half == "ar":
                         loss, count = ar_sft_loss(pol, roll.select(rows)); tokens += count
                     else: loss = dit_sft_loss(pol, traj.select(rows), index[rows], noise[rows])

@@ -31,18 +31,20 @@ __all__ = ['CACHE_KEYWORD', 'sampling_logits', 'GridLayout', 'TokenRollout', 'co
 def sampling_logits(
     logits: torch.Tensor,   # [..., V] raw logits of the AR head
     codebook_size: int,     # K: ids 0..K-1 are image codes, the only valid ids inside a grid
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,   # a float, or a one-element tensor on the logits' device
     top_k: int = 0,         # keep the k largest (0: off)
-    top_p: float = 1.0,     # keep the smallest set with probability >= top_p (1: off)
+    top_p: float | torch.Tensor = 1.0,   # keep the smallest set with probability >= top_p (1: off; a tensor: on)
 ) -> torch.Tensor:          # [..., V] float32 logits whose softmax is the sampling distribution
     "Logits of the distribution grid tokens are drawn from: codes only, tempered, optionally truncated."
+    # temperature and top_p as device tensors: a compiled decode step reads them as buffers, not as host numbers that
+    # a new value would recompile (and a CPU scalar input would keep CUDA graphs from recording)
     x = logits.float() / temperature
     neg_inf = torch.finfo(x.dtype).min
     x = torch.cat([x[..., :codebook_size], torch.full_like(x[..., codebook_size:], neg_inf)], dim=-1)
     if top_k and top_k < codebook_size:
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, neg_inf)
-    if top_p < 1.0:
+    if isinstance(top_p, torch.Tensor) or top_p < 1.0:   # a tensor's value is not read on the host: it truncates
         sorted_x, order = torch.sort(x, dim=-1, descending=True)
         probs = sorted_x.softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs            # mass of the tokens ranked above
@@ -325,7 +327,8 @@ def sample_tokens(
                                bos_token_id=self.image_start_id)
     cache = None
     if self.sampling_copy:   # the copy's static cache: transformers compiles the decode step on CUDA
-        gen_cfg.compile_config, cache = self.sampling_compile, self.sampling_cache(ids.shape[0], max(ids.shape[1], self.prompt_bucket or 0) + n_sampled)
+        gen_cfg.compile_config, gen_cfg.disable_compile = self.sampling_compile or None, self.sampling_compile is False
+        cache = self.sampling_cache(ids.shape[0], max(ids.shape[1], self.prompt_bucket or 0) + n_sampled)
     with train_mode(self.ar, False), torch.no_grad():
         model = self.sampling_model()   # the AR, or its dense copy (see `policy`)
         out = model.generate(input_ids=self.on_device(ids), attention_mask=self.on_device(mask),

@@ -144,6 +144,9 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         self.objectives["dit"].setup(self, dit_named, c.train_dit)
         self._diversity_warned = False
         if self.policy.sampling_copy and self.policy.prompt_bucket is None: self._reserve_prompt_bucket()
+        if self.policy.sampling_copy and self.policy.row_bucket is None:   # rows per decode call: training's sampling batch
+            rows = c.prompts_per_step * c.group_size
+            self.policy.row_bucket = min(c.ar_sample_batch or rows, rows)
         self._start_trackers(log_with)
 
     def _check_policy_and_data(self):

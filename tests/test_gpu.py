@@ -81,6 +81,12 @@ def test_4bit_sampling_copy_is_bf16_and_compiled(tiny_path):
     for step in range(2):   # the same batch size again: the cache is reused and nothing recompiles
         policy.sample_tokens(["a red square", "a blue circle"], 4, 64, 64, seed=step)
     assert counters["stats"]["unique_graphs"] == graphs
+    # with the run's row bucket (the trainer's), an evaluation of 4 rows at another temperature replays the same graph
+    policy.row_bucket = 8
+    policy.sample_tokens(["a red field", "a blue field", "a green field", "a grey field"], 1, 64, 64, seed=3, temperature=0.7)
+    policy.sample_tokens(["a red square", "a blue circle"], 4, 64, 64, seed=4)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert counters["inductor"]["cudagraph_skips"] == 0   # every graph ran as a CUDA graph (no CPU scalar, no host read)
 
 
 def test_model_rewards_on_cuda_match_cpu(tmp_path):
@@ -189,8 +195,8 @@ def test_i2i_and_decoupled_on_cuda(tiny_path):
 
 
 def test_evaluate_and_out_of_memory_retry_on_cuda(tiny_path, monkeypatch):
-    """evaluate() during fit on CUDA, in sampling batches, its caches freed; an out-of-memory error in sampling halves the
-    batch and the step still trains (the retry frees CUDA memory before trying again)."""
+    """evaluate() during fit on CUDA, in sampling batches decoded in training's one cache (the row bucket); an
+    out-of-memory error in sampling halves the batch and the step still trains (the retry frees CUDA memory first)."""
     trainer = _trainer(tiny_path, eval_prompts=["a red field", "a blue field", "a green field"], eval_every=1,
                        dit_sample_batch=8, ar_sample_batch=2)
     policy, real = trainer.policy, trainer.policy.sample_latents
@@ -202,7 +208,7 @@ def test_evaluate_and_out_of_memory_retry_on_cuda(tiny_path, monkeypatch):
     monkeypatch.setattr(policy, "sample_latents", flaky)
     hist = trainer.fit(1, progress=False)
     assert calls[0] == 8 and trainer.config.dit_sample_batch == 4 and hist[-1]["lowered/dit_sample_batch"] == 4
-    assert "eval/reward" in hist[-1] and not policy._kv   # evaluated; its KV caches released
+    assert "eval/reward" in hist[-1] and [k[0] for k in policy._kv] == [policy.row_bucket] == [2]   # one cache: training's
     trainer.close()
 
 
@@ -236,6 +242,8 @@ def test_released_width_step_learns_on_cuda(tmp_path):
     assert abs(m["ar/first_ratio_min"] - 1) < 1e-3 and abs(m["ar/first_ratio_max"] - 1) < 1e-3, m
     assert abs(m["dit/first_ratio_min"] - 1) < 1e-3 and abs(m["dit/first_ratio_max"] - 1) < 1e-3, m
     assert trainer.optimizer_steps == trainer.config.updates_per_batch == 2
+    from torch._dynamo.utils import counters
+    assert counters["inductor"]["cudagraph_skips"] == 0   # the decode step ran as CUDA graphs throughout
     assert m["ar/rollout_k3_kl"] > 0 and 0 < m["ar/rollout_chi2_token"] < float("inf"), m   # the bf16 copy is another sampler
     print("mismatch:", {k: v for k, v in m.items() if k.startswith("ar/rollout_") or k.endswith(("_ppl", "sampler_gap"))})
     trainer.config.rollout_importance_sampling_mode = "token_truncate"   # its correction: weights made on the host, used here
