@@ -972,6 +972,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                               'glm_grpo_nb/sampling_copy.py'),
                                            'glm_grpo_nb.sampling_copy._lora_factors': ( 'sampling_copy.html#_lora_factors',
                                                                                         'glm_grpo_nb/sampling_copy.py'),
+                                           'glm_grpo_nb.sampling_copy._same_factors': ( 'sampling_copy.html#_same_factors',
+                                                                                        'glm_grpo_nb/sampling_copy.py'),
                                            'glm_grpo_nb.sampling_copy.decode_attention': ( 'sampling_copy.html#decode_attention',
                                                                                            'glm_grpo_nb/sampling_copy.py'),
                                            'glm_grpo_nb.sampling_copy.dense_weight': ( 'sampling_copy.html#dense_weight',

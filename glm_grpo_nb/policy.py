@@ -107,6 +107,7 @@ class GlmImagePolicy(torch.nn.Module):
         self._sampler, self._kv, self.max_sampling_caches = None, {}, 2   # see `sampling_model` and `sampling_cache`
         self.sampling_compile = None   # a transformers.CompileConfig for the copy's decode step; None: ours; False: eager (decode_loop)
         self.fixed_decode = True       # the copy decodes in decode_loop's fixed-length loop; False: transformers' generate
+        self.sampling_merge = False    # the adapters merged into the copy's weights where it owns them (sampling_copy)
         self.prompt_bucket = None      # prompts up to this many tokens share the copy's cache and compiled step (None: grows)
         self.row_bucket = None         # the copy decodes this many rows per call, fewer padded, more split (None: as given)
         self.dit_compile = None        # the DiT's blocks compiled (flow): None on with CUDA, False off, or torch.compile's keywords

@@ -65,17 +65,24 @@ def _lora_factors(layer: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tens
     return [(layer.lora_A[n].weight, layer.lora_B[n].weight * layer.scaling[n])
             for n in layer.active_adapters if n in layer.lora_A]
 
+def _same_factors(a: list, b: list | None) -> bool:
+    "Whether two lists of (A, B·scaling) are equal (compared on the device: optimisers may write without a version bump)."
+    return b is not None and len(a) == len(b) and all(torch.equal(x, y) for p, q in zip(a, b) for x, y in zip(p, q))
+
 class LowRankLinear(torch.nn.Module):
     "A Linear of the sampling copy: a dense base weight in the compute dtype, the adapters' low-rank product kept apart."
     # Merged into a bf16 weight, a LoRA delta below half a bf16 step rounds away (early in training: all of it), and
     # the sampler would draw from the base policy. Kept apart, the product is added as peft adds it: computed in the
     # adapters' dtype, added to the base output, the sum cast back once.
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lora_A: torch.Tensor, lora_B: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lora_A: torch.Tensor, lora_B: torch.Tensor,
+                 owns_weight: bool = False):
         super().__init__()
         self.register_buffer("weight", weight)
         self.register_buffer("bias", bias)
         self.register_buffer("lora_A", lora_A)   # [r, in]; r = 0: no adapter on this layer
         self.register_buffer("lora_B", lora_B)   # [out, r], the scaling folded in
+        self.owns_weight = owns_weight   # dequantised or cast for the copy (not the policy's own tensor): it may be merged into
+        self.merged = None               # the factors merged into the weight (see `refresh`); None: kept apart
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.nn.functional.linear(x, self.weight, self.bias)
@@ -93,13 +100,25 @@ class LowRankLinear(torch.nn.Module):
         # frozen base tensors already in `dtype` are shared with the policy, not copied (without 4-bit: no second copy)
         bias = None if base.bias is None else base.bias.detach().to(dtype)
         w = dense_weight(layer, dtype)
-        out = cls(w, bias, w.new_zeros((0, w.shape[1])), w.new_zeros((w.shape[0], 0)))   # no adapter yet: rank 0
+        owns = w.untyped_storage().data_ptr() != base.weight.untyped_storage().data_ptr()
+        out = cls(w, bias, w.new_zeros((0, w.shape[1])), w.new_zeros((w.shape[0], 0)), owns)   # no adapter yet: rank 0
         out.refresh(layer)   # the adapters' factors, in their own dtype
         return out
 
     @torch.no_grad()
-    def refresh(self, layer: torch.nn.Module) -> None:
-        "Take `layer`'s active adapters now (zero inside `reference()`), in place while their rank stays."
+    def refresh(self, layer: torch.nn.Module, merge: bool = False) -> None:
+        """Take `layer`'s active adapters now (zero inside `reference()`): their factors apart, in place while their rank
+        stays; or, with `merge` where the copy owns its weight, added into it (recomputed from the base, never accumulated)."""
+        if merge and self.owns_weight and isinstance(layer, LoraLayer):
+            factors = _lora_factors(layer)
+            if not _same_factors(factors, self.merged):   # moved since the last merge (or into or out of `reference()`)
+                self.weight.copy_(merged_weight(layer))   # base + B·A in float32, rounded into the weight once
+                self.merged = [(a.detach().clone(), b.detach().clone()) for a, b in factors]
+            if self.lora_A.shape[0]: self.lora_A, self.lora_B = self.lora_A[:0], self.lora_B[:, :0]   # no product per token
+            return
+        if self.merged is not None:   # merging turned off: the base weight back, the factors apart again
+            self.weight.copy_(dense_weight(layer, self.weight.dtype))
+            self.merged = None
         factors = _lora_factors(layer)
         if not factors:   # the base alone: the product is zero, with the shapes kept (no new graph)
             self.lora_B.zero_()
@@ -188,7 +207,7 @@ def _build_sampling_lm(self: GlmImagePolicy, dtype: torch.dtype) -> torch.nn.Mod
 def _refresh_sampling_copy(self: GlmImagePolicy) -> None:
     "Give the copy the adapters as they are now: only the low-rank factors change (the base weights are frozen)."
     for name, mod in self._sampler.named_modules():   # the copy mirrors the AR's module names
-        if isinstance(mod, LowRankLinear): mod.refresh(self.ar.get_submodule(name))
+        if isinstance(mod, LowRankLinear): mod.refresh(self.ar.get_submodule(name), self.sampling_merge)
     for mod in self._sampler.modules():
         if isinstance(mod, GroupedProjections): mod.tie()   # a new rank made new A tensors: one again
 
