@@ -114,7 +114,6 @@ def decode(model: str, dry: bool, out: Path) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile as torch_profile
     from glm_grpo_nb.policy import generators
-    from glm_grpo_nb.tokens import _pad_left
     card, size = _card(dry), 64 if dry else 1024
     path = out / f"decode_{card}.json"
     policy = _policy(model, dry)

@@ -137,6 +137,8 @@ def format_metrics(result: dict) -> str:
         parts = [f"{k} {m['mean']:.4f} [{m['ci95'][0]:.4f}, {m['ci95'][1]:.4f}]" for k, m in s["metrics"].items()]
         lines.append(f"{name} ({s['images']} images, {s['text_images']} with text): " + ", ".join(parts))
     if result["settings"].get("benchmark"): lines += ["", format_benchmark(result)]
+    scorers = result["settings"].get("scorers") or {}   # the models behind a reward's figures, e.g. GenEval's detector and CLIP
+    if scorers: lines += ["", "scored by " + "; ".join(f"{n}: " + ", ".join(f"{k} {v}" for k, v in s.items()) for n, s in scorers.items())]
     return "\n".join(lines)
 
 # %% ../nbs/06b_benchmarks.ipynb #68affa48

@@ -48,7 +48,7 @@ def _run_evaluations(evaluations: list[dict]) -> list[str]:
              if "eval/reward" in keys else "On the evaluation pairs during the run, fixed noise: each half's margin of the "
              "chosen over the rejected, and the share of pairs it prefers more than its reference does:")
     return ["## Progress on the evaluation prompts", "", about,
-            "", "| after step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|",
+            "", "| after steps | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|",
             *[f"| {e['after_steps']} | " + " | ".join(f"{e[k]:.4f}" if k in e else "" for k in keys) + " |" for e in evaluations], ""]
 
 def _half_lr(c, half: str) -> float:
@@ -90,15 +90,24 @@ def _grpo_training(trainer, base: str) -> tuple[str, tuple[str, ...], list[str]]
                 "DGPO's" if c.train_dit and c.dit_objective == "dgpo" and c.dgpo_reference == "base" else None)
         began = (f" Training began from the adapters in `{start['path']}` (digest {start['digest']})"
                  + (f"; {uses} reference was {ref}." if uses else "."))
-    lines = [f"LoRA adapters for {base} trained with reinforcement learning (GRPO: a group "
-             f"of {c.group_size} images per prompt, each pushed towards the better ones of its group) by glm_grpo_nb "
+    method, how = _online_method(c)
+    lines = [f"LoRA adapters for {base} trained with reinforcement learning ({method}: a group "
+             f"of {c.group_size} images per prompt, {how}) by glm_grpo_nb "
              f"{glm_grpo_nb.__version__}: {trainer.step_count} steps, {seen} images sampled ({c.prompts_per_step} prompts "
              f"per step and process, {trainer.accelerator.num_processes} process(es)), {_setup(trainer)}" + began, "",
              "| half | trained with | LoRA | learning rate |", "|---|---|---|---|",
              *[f"| {h} | {o} | {l} | {r:g} |" for h, o, l, r in halves], "",
              "## Rewards", "", "| reward | weight | scores |", "|---|---|---|",
              *[f"| {n} | {w:g} | {who} |" for who, fn in rewards for n, w in _reward_parts(fn)], ""]
-    return "GLM-Image adapters trained with GRPO", CARD_TAGS, lines
+    return f"GLM-Image adapters trained with {method}", CARD_TAGS, lines
+
+def _online_method(c) -> tuple[str, str]:
+    "What a run of the GRPO trainer trained with, by its halves' objectives: GRPO, online DPO, or both; and how."
+    dpo = [obj == "dpo" for on, obj in ((c.train_ar, c.ar_objective), (c.train_dit, c.dit_objective)) if on]
+    grpo_how, dpo_how = "each pushed towards the better ones of its group", "its best and worst by reward a preference pair"
+    if dpo and all(dpo): return "online DPO", dpo_how
+    if any(dpo): return "GRPO and online DPO", f"{grpo_how} (GRPO) or {dpo_how} (DPO)"
+    return "GRPO", grpo_how
 
 def model_card(trainer, evaluation: dict | None = None, samples_image: str | None = None,
                evaluation_image: str | None = None) -> str:
@@ -122,7 +131,10 @@ def model_card(trainer, evaluation: dict | None = None, samples_image: str | Non
               *(['pipe.vision_language_encoder = PeftModel.from_pretrained(pipe.vision_language_encoder, "ADAPTERS/ar")']
                 if c.train_ar else []),
               *(['pipe.transformer.load_lora_adapter("ADAPTERS/dit")'] if c.train_dit else []),
-              'pipe.to("cuda")', 'image = pipe("a shop sign that says \\"OPEN\\"").images[0]', "```", "",
+              'pipe.to("cuda" if torch.cuda.is_available() else "cpu")',
+              f'image = pipe("a shop sign that says \\"OPEN\\"", height={c.height}, width={c.width}).images[0]', "```", "",
+              f"The adapters were trained at {c.width}x{c.height}; the pipeline needs the size named (its processor "
+              "lays the image's tokens out for it).", "",
               "`ADAPTERS` is this folder (or `huggingface_hub.snapshot_download` of the repository holding it).", "",
               "## Every setting", "", "```json", json.dumps(c.to_dict(), indent=1, default=str), "```", ""]
     return "\n".join(lines)

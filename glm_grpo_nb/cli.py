@@ -16,7 +16,7 @@ from . import __version__
 from .config import DPOConfig, GRPOConfig, SFTConfig
 from .options import TRAIN_DEFAULTS, command_parser, config_of, config_options, _option_style  # noqa: F401 (importable here too)
 from .demo import DEMO_PROMPTS, demo  # noqa: F401 (a command, and its prompts)
-from .hub import check_hub_model, check_image_size, model_size, resolve_model
+from .hub import check_hub_model, check_image_size, check_model_source, model_size, resolve_model
 from .run_command import _check_run, _check_sizes, _data_reader, _dataset_rows, _fit_run, _policy_here, process_device  # noqa: F401 (importable here too)
 
 # %% auto #0
@@ -206,6 +206,7 @@ def sft(
                              "prompt's target: pass --targets DIR (an image per prompt line: 0.png, 1.png, ...) or a "
                              "prompts file with a 'target' column.")
     _check_sizes("sft", config, model, dataset, held)
+    if perceptual: check_model_source(perceptual, "sft: --perceptual")   # found before anything loads
     from glm_grpo_nb.sft import SFTTrainer, closeness_reward
     evals = dict(eval_prompts=held, eval_reward=closeness_reward(perceptual))
     accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config)
@@ -217,7 +218,7 @@ def sft(
 def _pair_reader(config, chosen, rejected, sources, split, resize, prompt_column, chosen_column, rejected_column):
     "pairs_of(path): a PairDataset from a prompts file with image folders, a file naming its images, or a hub id."
     import re
-    from glm_grpo_nb.dpo_trainer import PairDataset
+    from glm_grpo_nb.pair_data import PairDataset
     size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
     columns = dict(prompt_column=prompt_column, chosen_column=chosen_column, rejected_column=rejected_column)
     def pairs_of(p, folders=True):

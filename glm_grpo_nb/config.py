@@ -15,8 +15,8 @@ from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 
 # %% auto #0
 __all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'AR_OBJECTIVES', 'DPO_LOSS_TYPES', 'ROLLOUT_IS_MODES', 'SHARED', 'SFT_HELP',
-           'SFTConfig', 'DPO_SETTINGS', 'DPO_HELP', 'DPOConfig', 'setting', 'renamed_settings', 'deprecated', 'choices',
-           'Settings', 'GRPOConfig']
+           'SFTConfig', 'DPO_SETTINGS', 'DPO_HELP', 'IMAGE_SETTINGS', 'DPOConfig', 'setting', 'renamed_settings',
+           'deprecated', 'choices', 'Settings', 'GRPOConfig']
 
 # %% ../nbs/04b_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
@@ -94,7 +94,7 @@ class Settings:
     @classmethod
     def from_dict(cls, d: dict):
         "The settings a checkpoint stored (`to_dict`), old names included, as a validated config."
-        return cls(**{RENAMED.get(k, k): v for k, v in d.items()})
+        return cls(**{RENAMED.get(k, k): v for k, v in d.items() if k not in getattr(cls, "_retired", ())})
 
     @classmethod
     def _known(cls, settings: dict) -> dict:
@@ -376,7 +376,7 @@ def _check_supervised(self):
                               ("weight_decay", 0, False), ("adam_epsilon", 0, True), ("temperature", 0, True),
                               ("guidance_scale", 0, False), ("dpo_beta", 0, True), ("dit_dpo_beta", 0, True)):
         if name in own: self._number(name, low, strict)
-    if not (self._finite(self.top_p) and 0 < self.top_p <= 1): raise self._bad("top_p", "in (0, 1]")
+    if "top_p" in own and not (self._finite(self.top_p) and 0 < self.top_p <= 1): raise self._bad("top_p", "in (0, 1]")
     self._check_choices()
     self._check_trackers()
     for name in ("train_ar", "train_dit"):
@@ -407,10 +407,14 @@ DPO_HELP = {**SFT_HELP, "prompts_per_step": "preference pairs per step on each p
             "dit_dpo_beta": "Diffusion-DPO of the DiT: beta on the flow-matching errors (Flow-GRPO's on flow-matching "
                             "latents; the original 5000 was an epsilon-prediction UNet's)"}
 
+# a preference run's evaluation scores its held-out pairs, as its steps do: it makes no images, so the settings that
+# only shape an evaluation's images are not its own (an older run's record of them is read and left aside)
+IMAGE_SETTINGS = ("temperature", "top_k", "top_p", "num_inference_steps", "decode_batch", "ar_sample_batch",
+                  "dit_sample_batch", "guidance_scale")
+
 DPOConfig = dataclasses.make_dataclass("DPOConfig", [
-    *(_shared_field(name, DPO_HELP) for name in SHARED + DPO_SETTINGS),
-    ("guidance_scale", float, setting(1.5, "classifier-free guidance of the evaluation's images")),
-], bases=(Settings,), namespace={"__post_init__": _check_supervised, "__doc__":
+    *(_shared_field(name, DPO_HELP) for name in SHARED + DPO_SETTINGS if name not in IMAGE_SETTINGS),
+], bases=(Settings,), namespace={"__post_init__": _check_supervised, "_retired": IMAGE_SETTINGS, "__doc__":
     "Every setting of a preference run (glm_grpo_nb.dpo_trainer): the supervised run's, and DPO's beta and loss of "
     "each half, its noise levels and its reference."})
 DPOConfig.__module__ = __name__

@@ -42,7 +42,12 @@ def dpo_loss(
     chosen_tokens: torch.Tensor | None = None,    # [P] tokens of each chosen completion (ipo only: it averages)
     rejected_tokens: torch.Tensor | None = None,  # [P] the same for the rejected ones
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    "The mean DPO loss over pairs and TRL's metrics (rewards/chosen, rewards/rejected, accuracies, margins, logps)."
+    """The mean loss over P preference pairs, and TRL's metrics (rewards/chosen, rewards/rejected, accuracies, margins,
+    logps/chosen, logps/rejected). `policy_chosen`, `policy_rejected`: the policy's log-prob of each pair's chosen and
+    rejected completion, summed over its tokens (with gradients); `ref_chosen`, `ref_rejected`: the reference's (no
+    gradient is taken through them); `beta`: how far the policy may move from the reference; `loss_type`: sigmoid
+    (DPO, -log sigmoid(beta * margin)), hinge (SLiC, relu(1 - beta * margin)) or ipo (IPO, (margin - 1/(2 beta))^2 on
+    the per-token mean log-probs, for which `chosen_tokens` and `rejected_tokens` give each completion's token count)."""
     if loss_type not in LOSS_TYPES: raise ValueError(f"dpo_loss: loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}.")
     if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
         raise ValueError(f"dpo_loss: beta must be a finite number > 0, got {beta!r}.")

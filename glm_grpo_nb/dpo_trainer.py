@@ -7,135 +7,29 @@ latents, text-to-image and image-to-image."""
 # %% ../nbs/07b_dpo_trainer.ipynb #d6859dd7
 from __future__ import annotations
 
-import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from fastcore.basics import patch
-from PIL import Image
 
 from .card import ModelCard, _half_lr, _lora, _setup
 from .checkpoint import run_identity
 from .config import DPOConfig
-from .data import PromptDataset, _collect, open_image
+from .pair_data import PairDataset
 from .dpo import diffusion_dpo_loss, dpo_loss
 from .faults import FaultTolerance
 from .flow import concat_trajectories
 from .pairs import logit_normal_points, point_errors, sequence_logps, stock_trajectory
 from .policy import GlmImagePolicy, mix_seed, to_host
 from .run import RunLoop, _chunks
-from .run_command import _dataset_rows
 from .run_setup import check_image_sizes
 from .sft import SFTResult, _optimizer_step
 from .tokens import concat_rollouts
 
 # %% auto #0
-__all__ = ['PICKAPIC', 'DPO_TAGS', 'PairDataset', 'DPOTrainer', 'DPOResult']
-
-# %% ../nbs/07b_dpo_trainer.ipynb #3a0eaaab
-PICKAPIC = ("caption", "jpg_0", "jpg_1", "label_0")   # Pick-a-Pic v2's columns: label_0 is 1 when jpg_0 was preferred
-
-def _image_value(v):
-    "An image column's value as a path, an image, or None: bytes (Pick-a-Pic's jpg columns) opened as an image."
-    if isinstance(v, dict) and "bytes" in v: v = v["bytes"] or v.get("path")   # datasets' undecoded Image feature
-    if isinstance(v, (bytes, bytearray)):
-        try: return Image.open(io.BytesIO(v))
-        except OSError as e: return f"<cannot be read ({type(e).__name__})>"
-    return v
-
-def _pair_rows(rows, prompt_column, chosen_column, rejected_column) -> tuple[list, list[str]]:
-    "Rows as (where, {prompt, chosen, rejected, source...}) in either layout; ties dropped; missing columns reported."
-    out, errors = [], []
-    for where, d in rows:
-        if "_error" in d: out.append((where, d)); continue
-        if all(k in d for k in PICKAPIC) and prompt_column not in d:
-            label = d["label_0"]
-            if label not in (0, 0.5, 1):
-                errors.append(f"{where}: label_0 is {label!r}; Pick-a-Pic's labels are 1 (jpg_0 preferred), 0 (jpg_1) "
-                              "or 0.5 (a tie)."); continue
-            if label == 0.5: continue   # a tie prefers nothing
-            first, second = _image_value(d["jpg_0"]), _image_value(d["jpg_1"])
-            chosen, rejected = (first, second) if label == 1 else (second, first)
-            rest = {k: v for k, v in d.items() if k not in PICKAPIC and k not in ("jpg_0_uid", "jpg_1_uid")}
-            out.append((where, {**{k: v for k, v in rest.items() if k in ("source", "sources")},
-                                "prompt": d["caption"], "chosen": chosen, "rejected": rejected}))
-            continue
-        missing = [c for c in (prompt_column, chosen_column, rejected_column) if c not in d]
-        if missing:
-            errors.append(f"{where}: no {', '.join(repr(c) for c in missing)} column; a pair needs {prompt_column!r}, "
-                          f"{chosen_column!r} and {rejected_column!r} (or Pick-a-Pic's {', '.join(PICKAPIC)}).")
-            continue
-        out.append((where, {**{k: v for k, v in d.items() if k in ("source", "sources")}, "prompt": d[prompt_column],
-                            "chosen": _image_value(d[chosen_column]), "rejected": _image_value(d[rejected_column])}))
-    return out, errors
-
-# %% ../nbs/07b_dpo_trainer.ipynb #d4459e4a
-class PairDataset(PromptDataset):
-    "Prompts each with a chosen and a rejected image (and i2i sources): a PromptDataset of the chosen, the rejected beside."
-    def __init__(
-        self,
-        data,                         # a .txt prompts file (with chosen=, rejected=), a .jsonl/.csv file, rows, or a HF dataset
-        chosen: str | Path | None = None,    # folder of the chosen images, named by prompt line (0.png, 1.png, ...)
-        rejected: str | Path | None = None,  # folder of the rejected images, named alike
-        sources: str | Path | None = None,   # folder of i2i source images, named alike
-        resize: bool | tuple[int, int] = False,   # (width, height) to resize to; True: the first chosen image's size
-        check_images: bool = True,    # open every image now
-        prompt_column: str = "prompt", chosen_column: str = "chosen", rejected_column: str = "rejected",
-    ):
-        if (chosen is None) != (rejected is None):
-            raise ValueError("PairDataset: pass both chosen= and rejected= folders (an image of each per prompt line), or "
-                             "neither with a file or dataset that names them.")
-        if chosen is not None:
-            a, b = _dataset_rows(data, chosen, sources), _dataset_rows(data, rejected, None)
-            rows = [(f"line {i + 1}", {**{k: v for k, v in x.items() if k != "target"}, "chosen": x["target"],
-                                       "rejected": y["target"]}) for i, (x, y) in enumerate(zip(a, b))]
-            base, origin = Path.cwd(), str(data)
-        else:
-            if type(data).__module__.startswith("datasets.") and hasattr(data, "column_names") and \
-                    not isinstance(data.column_names, dict) and prompt_column not in data.column_names:
-                have = set(data.column_names)
-                if not set(PICKAPIC) <= have:
-                    raise ValueError(f"PairDataset: the dataset has columns {data.column_names}; pairs need "
-                                     f"{prompt_column!r}, {chosen_column!r} and {rejected_column!r} columns, or Pick-a-Pic's "
-                                     f"{', '.join(PICKAPIC)}. Name other columns with prompt_column=, chosen_column=, "
-                                     "rejected_column= (glm-grpo dpo: --prompt-column, ...).")
-                rows, base, origin = _collect(data, "caption")
-            else: rows, base, origin = _collect(data, prompt_column)
-        rows, errors = _pair_rows(rows, prompt_column, chosen_column, rejected_column)
-        if not rows and not errors: errors.append(f"{origin or 'data'}: no pairs (every row a tie, or none at all).")
-        def absolute(v):   # relative paths start from the file's folder, as a PromptDataset's do
-            if isinstance(v, str) and v and not v.startswith("<") and not Path(v).expanduser().is_absolute(): return str(base / v)
-            return v
-        parts = {}
-        for role in ("chosen", "rejected"):
-            given = [{"prompt": d["prompt"], **{k: ([absolute(s) for s in v] if isinstance(v, list) else absolute(v))
-                                                for k, v in d.items() if k in ("source", "sources")},
-                      "target": absolute(d[role]) if d[role] is not None else f"<no {role} image>"}
-                     if "_error" not in d else d for _, d in rows]
-            size = (parts["chosen"].size or resize) if role == "rejected" and "chosen" in parts and resize else resize
-            try: parts[role] = PromptDataset(given, resize=size, check_images=check_images) if given else None
-            except ValueError as e:
-                lines = str(e).split("\n  ")[1:]
-                errors += [f"{role}: " + l.replace("target image", f"{role} image").replace("item ", "pair ") for l in lines]
-        if errors: raise ValueError(f"PairDataset: {len(errors)} problem(s):\n  " + "\n  ".join(errors))
-        self.__dict__.update(parts["chosen"].__dict__)   # the chosen images are the targets
-        self.origin, self.rejected_data = origin, parts["rejected"]
-
-    def __repr__(self):
-        return f"PairDataset({len(self)} pairs, sources={self.has_sources}, size={self.size})"
-
-    def pair(self, i) -> dict:
-        "{'prompt', 'chosen', 'rejected', 'sources'} of pair i, images loaded (and resized)."
-        row = self[i]
-        return {"prompt": row["prompt"], "chosen": row["target"], "sources": row["sources"],
-                "rejected": self.rejected_data._load(self.rejected_data.examples[i].target)}
-
-    def fingerprint(self) -> str:
-        "A short hash of the pairs: the chosen rows' and the rejected images'."
-        import hashlib
-        return hashlib.sha256((super().fingerprint() + self.rejected_data.fingerprint()).encode()).hexdigest()[:16]
+__all__ = ['DPO_TAGS', 'DPOTrainer', 'DPOResult']
 
 # %% ../nbs/07b_dpo_trainer.ipynb #8c8a60aa
 class DPOTrainer(FaultTolerance, RunLoop, ModelCard):
@@ -319,8 +213,9 @@ def _card_training(self: DPOTrainer, base: str) -> tuple[str, tuple[str, ...], l
         v = [r[key] for r in taken if key in r]
         return (f"{sum(v[:k]) / len(v[:k]):.4f}", f"{sum(v[-k:]) / len(v[-k:]):.4f}") if v else ("—", "—")
     halves = []
+    per = "the mean log-prob per image code" if c.dpo_loss_type == "ipo" else "summed log-probs over the image codes"
     if c.train_ar: halves.append(("AR (`vision_language_encoder`)", f"DPO ({c.dpo_loss_type}, beta {c.dpo_beta:g}) on each "
-                                  "image's visual tokens, summed log-probs over the image codes", _lora(p.ar_peft),
+                                  f"image's visual tokens, {per}", _lora(p.ar_peft),
                                   _half_lr(c, "ar"), *ends("ar/dpo_loss"), ends("ar/rewards/accuracies")[1]))
     if c.train_dit: halves.append(("DiT (`transformer`)", f"Diffusion-DPO (beta {c.dit_dpo_beta:g}) on the latents, "
                                    f"{c.dpo_timesteps} logit-normal noise level(s) per pair and step",

@@ -21,9 +21,11 @@ from PIL import Image
 from .benchmarks import BENCHMARKS, benchmark_figures, benchmark_metrics, benchmark_parts, cvtg_target_words, cvtg_word_scores, read_benchmark
 from .benchmarks import format_benchmark, format_metrics  # noqa: F401 (beneath this module and the card)
 from .data import COLUMNS, PromptDataset
+from .geneval import geneval_layout
 from .hub import atomic_write
 from .image_models import PipelineModel, PolicyModel, _free_memory
 from .ocr import edit_distance, prompt_texts
+from .rewards import reward_name
 
 # %% auto #0
 __all__ = ['SAMPLERS', 'text_metrics', 'bootstrap_interval', 'evaluate_model']
@@ -365,8 +367,8 @@ def evaluate_model(
     data = _prompt_set(prompts, split)
     rows = [data[i] for i in range(len(data))]
     gen = dict(height=height, width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, device=device)
+    rewards = _metric_rewards(metrics, reward_models, ocr_min_confidence)   # first: every model they name found, or one line
     entries, sources = _model_entries(model, adapters, models, gen, sampler, batch_size=batch_size, load_in_4bit=load_in_4bit)
-    rewards = _metric_rewards(metrics, reward_models, ocr_min_confidence)
     out = Path(out)
     settings = {"models": sources, "prompts": hashlib.sha256(json.dumps([r["prompt"] for r in rows]).encode()).hexdigest()[:16],
                 "samples_per_prompt": samples_per_prompt, "seed": seed, "height": height, "width": width,
@@ -384,6 +386,7 @@ def evaluate_model(
     f.write_text(json.dumps(settings, indent=1))
     paths = _generate(entries, rows, out, samples_per_prompt, seed, progress)
     scored = _score(paths, rows, rewards, samples_per_prompt, benchmark)
+    scorers = {reward_name(r): r.scorers for r in rewards if getattr(r, "scorers", None)}   # e.g. GenEval's detector and CLIP
     summary = _summary(scored, rows, samples_per_prompt)
     if benchmark is not None:
         for name, recs in scored.items():
@@ -393,9 +396,13 @@ def evaluate_model(
             s = summary[name]["benchmark"] = _geneval_summary(records, recs, samples_per_prompt, paths[name])
             results = s.pop("results")   # each image's line, as evaluate_images.py writes it, for its summary_scores.py
             (paths[name][0].parent / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+            (paths[name][0].parent / "results_run.json").write_text(json.dumps(   # what made and scored those lines
+                {"model": name, "source": settings["models"][name], "scorers": scorers, **{k: settings[k] for k in
+                 ("samples_per_prompt", "seed", "height", "width", "num_inference_steps", "guidance_scale")}}, indent=1))
+            geneval_layout(paths[name], records, samples_per_prompt, out / "geneval" / name)
     result = {"settings": {**settings, "metrics": [m if isinstance(m, str) else getattr(m, "name", type(m).__name__)
                                                    for m in metrics], "prompt_count": len(rows), "benchmark": benchmark,
-                           "ocr_min_confidence": ocr_min_confidence}, "models": summary}
+                           "ocr_min_confidence": ocr_min_confidence, "scorers": scorers}, "models": summary}
     _write_csv(out / "samples.csv", scored, rows, samples_per_prompt, seed, paths)
     _report(out / "report.png", summary, scored, rows, paths, samples_per_prompt)
     if models is None:   # each adapter folder scored carries this table in its model card

@@ -5,6 +5,7 @@
 # %% ../nbs/02f_geneval.ipynb #7ade894c
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import math
@@ -14,14 +15,15 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .rewards import Reward
+from .rewards import Reward, user_object
 
 # %% auto #0
 __all__ = ['GENEVAL_CLASSES', 'COCO_RENAMED', 'COCO_CLASSES', 'COLORS', 'COLOR_TEMPLATES', 'TASKS', 'RELATIONS', 'THRESHOLD',
-           'COUNTING_THRESHOLD', 'MAX_OBJECTS', 'POSITION_THRESHOLD', 'DETECTOR', 'CLIP_MODEL', 'SCENE_COLORS',
-           'REWARD_TYPES', 'geneval_label', 'check_metadata', 'read_geneval', 'kept_detections', 'relative_position',
-           'GenEvalVerdict', 'judge', 'Mask2FormerDetector', 'make_tiny_mask2former', 'CLIPColorClassifier',
-           'SceneDetector', 'scene_colors', 'GenEvalReward', 'geneval_result', 'geneval_scores', 'format_geneval']
+           'COUNTING_THRESHOLD', 'MAX_OBJECTS', 'POSITION_THRESHOLD', 'DETECTOR', 'CLIP_MODEL', 'KEYS', 'CLAUSE_KEYS',
+           'SCENE_COLORS', 'REWARD_TYPES', 'geneval_label', 'check_metadata', 'read_geneval', 'kept_detections',
+           'relative_position', 'GenEvalVerdict', 'judge', 'Mask2FormerDetector', 'make_tiny_mask2former',
+           'CLIPColorClassifier', 'SceneDetector', 'scene_colors', 'GenEvalReward', 'geneval_result', 'geneval_scores',
+           'format_geneval', 'geneval_layout']
 
 # %% ../nbs/02f_geneval.ipynb #cc7b9d65
 GENEVAL_CLASSES = (
@@ -53,9 +55,25 @@ def geneval_label(name: str) -> str:
     return name
 
 # %% ../nbs/02f_geneval.ipynb #6014c706
-def _check_clause(req, where: str) -> None:
+KEYS = ("tag", "include", "exclude", "prompt")   # a metadata line's keys
+CLAUSE_KEYS = {"include": ("class", "count", "color", "position"), "exclude": ("class", "count")}   # a clause's
+
+def _nearest(word, words) -> str:
+    "' (did you mean ...?)' with the valid word nearest to `word`, or nothing when none is near."
+    near = difflib.get_close_matches(str(word), words, n=1, cutoff=0.5)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+def _check_keys(obj: dict, allowed, where: str, what: str) -> None:
+    "Refuse a key GenEval does not read: the scorer would ignore it and judge something else than was meant."
+    for key in obj:
+        if key not in allowed:
+            raise ValueError(f"{where}: unknown key {key!r}{_nearest(key, allowed)}; GenEval's {what} has only "
+                             f"{', '.join(allowed)}.")
+
+def _check_clause(req, where: str, kind: str = "include") -> None:
     if not isinstance(req, dict) or "class" not in req:
         raise ValueError(f"{where} must be an object with 'class' and 'count', got {req!r}.")
+    _check_keys(req, CLAUSE_KEYS[kind], where, f"{kind} clause")
     if req["class"] not in GENEVAL_CLASSES:
         raise ValueError(f"{where}: unknown class {req['class']!r}; GenEval's classes are COCO's 80 "
                          "(geneval.GENEVAL_CLASSES), with 'computer mouse', 'tv remote' and 'computer keyboard'.")
@@ -67,9 +85,13 @@ def check_metadata(metadata, where: str = "geneval") -> dict:
     "One line of GenEval's metadata, checked: a tag, include clauses (class, count, colour, position), exclude clauses."
     if not isinstance(metadata, dict):
         raise ValueError(f"{where}: GenEval metadata is a JSON object with tag, include (and exclude), got {metadata!r}.")
+    _check_keys(metadata, KEYS, where, "metadata line")
     if not isinstance(metadata.get("tag"), str) or not metadata["tag"]:
         raise ValueError(f"{where}: no 'tag'; every GenEval prompt names its task ({', '.join(TASKS)}). Use a prompts "
                          "file in GenEval's format (evaluation_metadata.jsonl).")
+    if metadata["tag"] not in TASKS:   # the tag picks the detection threshold and the task a verdict counts for
+        raise ValueError(f"{where}: unknown tag {metadata['tag']!r}{_nearest(metadata['tag'], TASKS)}; GenEval's tasks "
+                         f"are {', '.join(TASKS)}.")
     include = metadata.get("include")
     if not isinstance(include, list) or not include:
         raise ValueError(f"{where}: no 'include' clauses; GenEval judges an image by what its prompt includes, "
@@ -86,7 +108,7 @@ def check_metadata(metadata, where: str = "geneval") -> dict:
                                  f"with a relation of {', '.join(RELATIONS)}; got {pos!r}.")
     exclude = metadata.get("exclude") or []
     if not isinstance(exclude, list): raise ValueError(f"{where}: 'exclude' must be a list of clauses, got {exclude!r}.")
-    for i, req in enumerate(exclude): _check_clause(req, f"{where}: exclude[{i}]")
+    for i, req in enumerate(exclude): _check_clause(req, f"{where}: exclude[{i}]", "exclude")
     return metadata
 
 def read_geneval(path: str | Path) -> list[dict]:
@@ -367,18 +389,39 @@ def scene_colors(image: Image.Image, label: str, detections: list[dict]) -> list
 # %% ../nbs/02f_geneval.ipynb #a0227cdb
 REWARD_TYPES = ("score", "strict", "correct")
 
+def _scorer(plugged, weights: str) -> str:
+    "What scores a part of GenEval's verdict: the object plugged in (by its module:object or its type), or the default's weights."
+    if plugged is None: return str(weights)
+    if isinstance(plugged, str): return plugged
+    kind = plugged if callable(plugged) and hasattr(plugged, "__qualname__") else type(plugged)
+    return f"{kind.__module__}:{kind.__qualname__}"
+
 class GenEvalReward(Reward):
     "GenEval's verdict on each image from its prompt's metadata (the columns tag, include, exclude)."
-    name = "geneval"
+    name, model_options = "geneval", ("model", "clip_model")
     def __init__(self, reward_type: str = "score", detector=None, color_of=None, model: str = DETECTOR,
                  clip_model: str = CLIP_MODEL, device=None, dtype=None):
         # detector: image -> detections (default: Mask2FormerDetector(model)); color_of: (image, label, detections) ->
-        # colour names (default: CLIPColorClassifier(clip_model)); model, clip_model: where those defaults load from
+        # colour names (default: CLIPColorClassifier(clip_model)); either may be "module:object" (a class is made with
+        # no arguments: --reward-models geneval.detector=my_module:MyDetector); model, clip_model: the defaults' weights
         if reward_type not in REWARD_TYPES:
             raise ValueError(f"geneval: reward_type must be one of {', '.join(REWARD_TYPES)}, got {reward_type!r}.")
         self.reward_type, self._load = reward_type, dict(model=model, clip_model=clip_model, device=device, dtype=dtype)
+        # what scores, as a run's figures record it (metrics.json, the results' record, the model card)
+        self.scorers = {"detector": _scorer(detector, model), "colours": _scorer(color_of, clip_model)}
+        if isinstance(detector, str): detector = user_object(detector, "geneval: detector", "a detector (image -> detections)")
+        if isinstance(color_of, str):
+            color_of = user_object(color_of, "geneval: color_of", "a colour classifier ((image, label, detections) -> colours)")
         if detector is not None: self.detector = detector   # else the default loads on first use
         if color_of is not None: self.color_of = color_of
+
+    @classmethod
+    def model_sources(cls, kwargs: dict) -> dict[str, str]:
+        "The weights of the default detector and colour classifier, where no other is plugged in."
+        found = super().model_sources(kwargs)
+        if kwargs.get("detector") is not None: found.pop("model", None)
+        if kwargs.get("color_of") is not None: found.pop("clip_model", None)
+        return found
 
     @functools.cached_property
     def detector(self): return Mask2FormerDetector(self._load["model"], device=self._load["device"], dtype=self._load["dtype"])
@@ -435,3 +478,22 @@ def format_geneval(scores: dict) -> str:
              "Task breakdown", "=============="]
     lines += [f"{t:<16} = {s:.2%} ({scores['task_counts'][t][0]} / {scores['task_counts'][t][1]})" for t, s in scores["tasks"].items()]
     return "\n".join(lines + ["", f"Overall score (avg. over tasks): {scores['overall']:.5f}"])
+
+# %% ../nbs/02f_geneval.ipynb #ae438464
+def geneval_layout(images: list, metadata: list[dict], samples_per_prompt: int, folder: str | Path) -> Path:
+    "Write `images` (image k of prompt i at index i * samples_per_prompt + k) in GenEval's layout under `folder`."
+    import os, shutil
+    if len(images) != len(metadata) * samples_per_prompt:
+        raise ValueError(f"geneval_layout: {len(images)} images for {len(metadata)} prompts x {samples_per_prompt} samples.")
+    folder = Path(folder)
+    for i, meta in enumerate(metadata):
+        d = folder / f"{i:05d}"
+        (d / "samples").mkdir(parents=True, exist_ok=True)
+        (d / "metadata.jsonl").write_text(json.dumps(meta))   # one object, as the generation script writes it
+        for k in range(samples_per_prompt):
+            src, dst = images[i * samples_per_prompt + k], d / "samples" / f"{k:05d}.png"
+            if isinstance(src, Image.Image): src.save(dst); continue
+            dst.unlink(missing_ok=True)
+            try: os.link(src, dst)
+            except OSError: shutil.copyfile(src, dst)
+    return folder

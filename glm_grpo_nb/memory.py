@@ -117,8 +117,9 @@ class MemoryPlan:
 def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, lora_rank, train, gradient_checkpointing,
               micro_batch_size, num_inference_steps, sde_window, guidance_scale, dtype_bytes, reward_model_params, prompt_len, decode_batch,
               sampling_copy, dit_objective="flow_grpo", source_images=0, ar_sample_batch=None, dit_sample_batch=None,
-              eval_prompts=0, updates_per_batch=None, sft_timesteps=None):
-    # sft_timesteps: an SFT step (glm_grpo_nb.sft) with that many noise levels per target, instead of a GRPO step
+              eval_prompts=0, updates_per_batch=None, sft_timesteps=None, pairs=False):
+    # sft_timesteps: an SFT step (glm_grpo_nb.sft) with that many noise levels per target, instead of a GRPO step;
+    # pairs: a DPO step (both images of each pair), whose noise levels are dpo_timesteps
     sft = sft_timesteps is not None
     if sft: group_size, updates_per_batch = 1, 1   # one target per prompt, one optimiser step
     ar, dit, t5, vae = mods["ar"], mods["dit"], mods["text_encoder"], mods["vae"]
@@ -156,7 +157,8 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
                  recompute=per_block + read(mb) if gradient_checkpointing else 0)
     held, update_dit = objective_class(dit_objective, "plan").plan_memory(sizes)
     if sft:   # the noise levels' errors are averaged, then one backward: every level's activations are held at once
-        held, update_dit = {}, {"activations (sft_timesteps noise levels, no guidance)": sft_timesteps * sizes["forward"]
+        levels = "dpo_timesteps" if pairs else "sft_timesteps"
+        held, update_dit = {}, {f"activations ({levels} noise levels, no guidance)": sft_timesteps * sizes["forward"]
                                 + sizes["recompute"], "targets' latents, noise, velocities (fp32)": 4 * lat * mb // N}
     if train in ("dit", "both"): resident.update(held)
     tc = ar.config.text_config
@@ -275,7 +277,7 @@ def plan(
                 reward_model_params=reward_model_params, prompt_len=prompt_len, decode_batch=decode_batch,
                 sampling_copy=sampling_copy, dit_objective=dit_objective, source_images=source_images,
                 ar_sample_batch=ar_sample_batch, dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts,
-                updates_per_batch=updates_per_batch, sft_timesteps=sft_timesteps)
+                updates_per_batch=updates_per_batch, sft_timesteps=sft_timesteps, pairs=pairs)
     for name, v in (("source_images", source_images), ("eval_prompts", eval_prompts)):
         if not isinstance(v, int) or v < 0: raise ValueError(f"plan: {name} must be an int >= 0, got {v!r}.")
     p = MemoryPlan(*_estimate(mods, **args), budget=int(budget_gb * GB))

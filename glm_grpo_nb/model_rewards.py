@@ -38,7 +38,7 @@ class _ModelReward(Reward):
 
 class CLIPScoreReward(_ModelReward):
     "Cosine similarity of CLIP image and prompt embeddings (times the logit scale if `logit_scale=True`)."
-    name = "clip"
+    name, model_options = "clip", ("model", "processor")
     def __init__(self, model: str = "openai/clip-vit-large-patch14", processor: str | None = None, device=None,
                  dtype=None, batch_size: int = 32, logit_scale: bool = False):
         from transformers import AutoModel, AutoProcessor
@@ -128,6 +128,7 @@ class AestheticReward(CLIPScoreReward):
 # %% ../nbs/02c_model_rewards.ipynb #cb12fbba
 class PerceptualReward(_ModelReward):
     "Cosine similarity of backbone features of image and target."
+    model_options = ("model", "processor")
     name, needs_targets = "perceptual", True
     def __init__(self, model: str = "facebook/dinov2-small", processor: str | None = None, device=None, dtype=None, batch_size: int = 32):
         from transformers import AutoImageProcessor, AutoModel

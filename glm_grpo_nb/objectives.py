@@ -23,6 +23,7 @@ __all__ = ['FORWARD_PROCESS', 'OBJECTIVE_CLASSES', 'Objective', 'FlowGRPO', 'GRP
 class Objective(ABC):
     "What one half of the model trains with. The trainer calls these methods and names no objective."
     name: str = ""   # what GRPOConfig.dit_objective (and --dit-objective) calls it
+    loss_name: str = "loss"   # the metric its loss is logged as, per half (`ar/loss`, `dit/loss`)
     # GRPOConfig settings left unset take these: the objective's published recipe
     defaults: dict = {"guidance_scale": 1.0, "kl_type": "velocity", "updates_per_batch": 1, "dit_clip_range": 0.2}
 

@@ -121,7 +121,7 @@ class TransformersOCR:
 
 class OCRReward(Reward):
     "How well each image shows its prompt's quoted texts, read by an OCR engine (see `text_score`)."
-    name = "ocr"
+    name, model_options = "ocr", ("model",)
     def __init__(self, ocr: Callable | None = None, engine: str | None = None, model: str | None = None, device=None,
                  no_text_score: float = 0.0, **engine_kwargs):
         # engine: "rapidocr" (default: whole images, offline) or "trocr" (one line per image; the default when model= is given)

@@ -70,6 +70,7 @@ def point_errors(policy, traj, index: torch.Tensor, noise: torch.Tensor) -> torc
 class PairObjective:
     "What the two dpo objectives share: the step's pairs from its advantages, and the per-micro-batch scale of the loss."
     name = "dpo"
+    loss_name = "dpo_loss"   # as DPOTrainer logs it: one name for a half's DPO loss, online or offline
 
     def _pairs(self, n: int, advantages: torch.Tensor, prepared: dict):
         "Rows' roles (+1 chosen, -1 rejected, 0 none) and pair ids in `prepared`; the pair rows of each update micro-batch."

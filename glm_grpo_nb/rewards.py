@@ -17,14 +17,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .hub import package_object
+from .hub import check_model_source, package_object
 from .loss import group_advantages
 
 # %% auto #0
 __all__ = ['CALL_NAMES', 'REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores',
            'reward_columns', 'columns_for', 'call_reward', 'evaluate_reward', 'RewardServiceError',
-           'check_reward_signature', 'load_reward', 'CombinedReward', 'combine', 'reward_models', 'reward_kwargs',
-           'check_reward_rows']
+           'check_reward_signature', 'load_reward', 'CombinedReward', 'combine', 'user_object', 'reward_models',
+           'reward_kwargs', 'check_reward_rows']
 
 # %% ../nbs/02_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -32,6 +32,7 @@ class Reward(ABC):
     name: str = "reward"
     needs_targets: bool = False
     needs_sources: bool = False
+    model_options: tuple[str, ...] = ()   # its constructor's arguments that name a model to load (a path or hub id)
 
     @abstractmethod
     def score(self, images, prompts, targets=None, sources=None) -> torch.Tensor:
@@ -44,6 +45,13 @@ class Reward(ABC):
     def check(self) -> None:
         "Fail now, with a clear error, if the reward cannot work (e.g. its server is down); the trainer calls it when built."
     def __repr__(self): return f"{type(self).__name__}(name={self.name!r})"
+
+    @classmethod
+    def model_sources(cls, kwargs: dict) -> dict[str, str]:
+        "The models this reward would load with constructor arguments `kwargs`, {argument: path or hub id}, none loaded."
+        defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()}
+        found = {k: kwargs.get(k, defaults.get(k)) for k in cls.model_options}
+        return {k: str(v) for k, v in found.items() if isinstance(v, (str, os.PathLike))}
 
 def reward_name(reward) -> str:
     "A reward's `name`, else its function or class name."
@@ -205,11 +213,35 @@ REWARDS = {"mse": "pixel_rewards.MSEReward", "psnr": "pixel_rewards.PSNRReward",
            "perceptual": "model_rewards.PerceptualReward", "geneval": "geneval.GenEvalReward"}
 
 def load_reward(name: str, **kwargs) -> Reward:
-    "A built-in reward by name; kwargs go to its constructor (model paths, device, ...)."
+    "A built-in reward by name; kwargs go to its constructor (model paths, device, ...), every model it names found first."
     if name not in REWARDS:
         raise ValueError(f"load_reward: unknown reward {name!r}; built-ins are {', '.join(sorted(REWARDS))}, "
                          "or pass your own callable.")
-    return package_object(REWARDS[name])(**kwargs)
+    cls = package_object(REWARDS[name])
+    kwargs = _reward_options(cls, name, kwargs)
+    for option, source in cls.model_sources(kwargs).items():   # before anything loads or any image is made
+        flag = f"--reward-models {name}=PATH" if option == "model" else f"--reward-models {name}.{option}=PATH"
+        check_model_source(source, f"reward {name!r}: its {option} ({flag}, or {option}= in Python)")
+    return cls(**kwargs)
+
+def _reward_options(cls, name: str, kwargs: dict) -> dict:
+    "`kwargs` for reward `name`'s constructor: an option it does not take refused with those it does; numbers given as text made numbers."
+    signature = inspect.signature(cls).parameters.values()
+    params = {p.name: p for p in signature if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    unknown = [k for k in kwargs if k not in params]
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in signature):   # one that passes the rest on takes them
+        raise ValueError(f"reward {name!r} has no option {', '.join(map(repr, unknown))}; its options are "
+                         f"{', '.join(params)} (--reward-models {name}.OPTION=VALUE).")
+    out = {}
+    for k, v in kwargs.items():
+        default = params[k].default if k in params else None
+        if isinstance(v, str) and isinstance(default, (bool, int, float)):   # the command line's text, as the option's type
+            kind = type(default)
+            try: v = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[v.lower()] if kind is bool else kind(v)
+            except (KeyError, ValueError):
+                raise ValueError(f"reward {name!r}: {k}={v!r} is not a {kind.__name__} (--reward-models {name}.{k}=VALUE).") from None
+        out[k] = v
+    return out
 
 class CombinedReward(Reward):
     "Weighted sum of rewards, each validated and reported separately."
@@ -260,17 +292,23 @@ def combine(weights: dict, normalize: bool = False) -> CombinedReward:
     return CombinedReward(weights, normalize)
 
 # %% ../nbs/02_rewards.ipynb #c11e0001
-def _user_reward(spec: str):
-    "The reward `module:object` (a class is instantiated with no arguments), imported from the current folder too."
+def user_object(spec: str, where: str = "--reward", what: str = "a reward (a callable)"):
+    "The callable `module:object` (a class is instantiated with no arguments), imported from the current folder too."
     import importlib
-    module, _, attr = spec.partition(":")
+    module, colon, attr = spec.partition(":")
+    if not colon or not module or not attr:
+        raise ValueError(f"{where}: {spec!r} should be module:object, {what} in a module on the path or in this folder.")
     if os.getcwd() not in sys.path: sys.path.insert(0, os.getcwd())
     try: obj = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"--reward: cannot import {spec!r} ({e}); give a built-in name or module:object.") from None
+        raise ValueError(f"{where}: cannot import {spec!r} ({e}); pass module:object, {what}.") from None
     obj = obj() if isinstance(obj, type) else obj
-    if not callable(obj): raise ValueError(f"--reward: {spec!r} is a {type(obj).__name__}, not a reward (a callable).")
+    if not callable(obj): raise ValueError(f"{where}: {spec!r} is a {type(obj).__name__}, not {what}.")
     return obj
+
+def _user_reward(spec: str):
+    "The reward `module:object` of the command line's --reward."
+    return user_object(spec, "--reward", "a reward (a callable), or give a built-in name")
 
 def reward_models(spec: str) -> dict[str, str]:
     "'clip=PATH,geneval.clip_model=PATH' -> {reward name or name.option: value} (the command line's --reward-models)."

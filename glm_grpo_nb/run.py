@@ -101,6 +101,7 @@ def _write_row(self: RunLoop, row: dict):
     "Append a row to metrics.jsonl (main process) and the trackers; if that fails, the file is as it was."
     f = self.output_dir / "metrics.jsonl" if self.accelerator.is_main_process and self.output_dir is not None else None
     size = f.stat().st_size if f is not None and f.exists() else 0
+    if f is not None and not size: self._write_run_config()   # the run's first row: it trains; a resumed run keeps its record
     try:
         if f is not None:
             with open(f, "a") as fh: fh.write(json.dumps(row) + "\n")
@@ -190,14 +191,20 @@ def fit(self: RunLoop, num_steps: int, callback=None, progress: bool = True, liv
 def _progress(self: RunLoop, res) -> tuple[dict, str]:
     "What the progress bar shows after a step, and the line printed every `log_every` steps outside a notebook."
     m = res.metrics
-    kl = m.get('ar/approx_kl', 0.0) + m.get('dit/approx_kl', 0.0)
+    dpo = [h for h in ("ar", "dit") if f"{h}/dpo_loss" in m]   # halves trained with online DPO: their loss and accuracy
+    grpo = [h for h in ("ar", "dit") if h not in dpo]           # the others: GRPO's KL and clipping
+    kl = sum(m.get(f"{h}/approx_kl", 0.0) for h in grpo)
     kl = kl if abs(kl) > 1e-9 else 0.0   # on-policy it is 0 up to rounding
     parts = {k[7:]: v for k, v in m.items() if k.startswith("reward/")}
     raw = (" (" + ", ".join(f"{k} {v:.4f}" for k, v in parts.items()) + ")") if len(parts) > 1 else ""
-    return ({"reward": f"{m.get('reward_mean', float('nan')):.4f}", "kl": f"{kl:.2e}"},
-            f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}{raw}, "
-            f"approx KL {kl:.2e}, clip {m.get('ar/clip_fraction', 0.0) + m.get('dit/clip_fraction', 0.0):.3f}, "
-            f"{sum(res.seconds.values()):.2f} s")
+    accuracy = {"ar": "ar/rewards/accuracies", "dit": "dit/implicit_acc"}
+    figures = [f"{h} DPO loss {m[f'{h}/dpo_loss']:.4f}, {h} accuracy {m.get(accuracy[h], 0.0):.2f}" for h in dpo]
+    if not dpo or any(f"{h}/loss" in m for h in grpo):
+        figures.append(f"approx KL {kl:.2e}, clip {sum(m.get(f'{h}/clip_fraction', 0.0) for h in grpo):.3f}")
+    shown = {"reward": f"{m.get('reward_mean', float('nan')):.4f}",
+             **({f"{h}_dpo": f"{m[f'{h}/dpo_loss']:.4f}" for h in dpo} if dpo else {"kl": f"{kl:.2e}"})}
+    return (shown, f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}{raw}, "
+            + ", ".join(figures) + f", {sum(res.seconds.values()):.2f} s")
 
 @patch
 def _checkpoint_of_this_step(self: RunLoop) -> tuple[Path | None, Path | None]:
@@ -302,7 +309,8 @@ def record_evaluation(self: RunLoop) -> dict[str, float]:
     "`evaluate()` on the eval prompts, kept: in `evaluations` (checkpointed; the model card's table), metrics.jsonl, history."
     ev = self.evaluate()
     self.evaluations.append({"after_steps": self.step_count, **ev})
-    self._write_row({"step": max(self.step_count - 1, 0), **ev})   # a row of its own, beside the step it follows
+    # a row of its own beside the step it follows (steps count from 0: after 20 steps, step 19), with the count itself
+    self._write_row({"step": max(self.step_count - 1, 0), "after_steps": self.step_count, **ev})
     if self.history and self.step_count: self.history[-1].update(ev)
     return ev
 
@@ -310,7 +318,7 @@ def evaluation_line(ev: dict, after_steps: int) -> str:
     "An evaluation as one printed line: the reward on the eval prompts, its parts, the held-out reward."
     parts = ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in ev.items() if k.count("/") == 1 and k not in ("eval/reward", "eval/heldout"))
     held = f"; held-out reward {ev['eval/heldout']:.4f}" if "eval/heldout" in ev else ""
-    when = f"after step {after_steps}" if after_steps else "before training"
+    when = f"after {after_steps} step{'s' * (after_steps != 1)}" if after_steps else "before training"
     if "eval/reward" not in ev: return f"evaluation {when}: {parts}"   # e.g. DPO's margins on held-out pairs
     return f"evaluation {when}: reward {ev['eval/reward']:.4f}" + (f" ({parts})" if parts else "") + held
 

@@ -17,15 +17,20 @@ if TYPE_CHECKING: import torch
 __all__ = ['process_device']
 
 # %% ../nbs/06a_run_command.ipynb #41d9ecbc
-def _dataset_rows(prompts, targets, sources):
+def _dataset_rows(prompts, targets, sources, names: tuple[str, str] = ("targets", "sources")):
+    "Rows of a .txt prompts file with the images of folders named by prompt line; `names`: the folders' options."
     from glm_grpo_nb.data import _folder_images
     if not targets and not sources: return prompts
+    for name, folder in zip(names, (targets, sources)):
+        if folder and not Path(folder).expanduser().is_dir():
+            raise ValueError(f"--{name} {folder}: no such folder; pass the folder of images named by prompt line "
+                             "(0.png, 1.png, ...).")
     p = Path(prompts)
     if p.suffix != ".txt": raise ValueError("--targets/--sources go with a .txt prompts file; a .jsonl/.csv file names its images itself.")
     if not p.exists(): raise ValueError(f"--prompts: {p} does not exist.")
     lines = [l.strip() for l in p.read_text(encoding="utf-8").splitlines()]
-    t = _folder_images(Path(targets)) if targets else {}
-    s = _folder_images(Path(sources)) if sources else {}
+    t = _folder_images(Path(targets).expanduser()) if targets else {}
+    s = _folder_images(Path(sources).expanduser()) if sources else {}
     rows = []
     for i, line in enumerate(lines):
         row = {"prompt": line}
@@ -46,8 +51,10 @@ def process_device(device: str | None, accelerator) -> "torch.device":
 def _check_run(command: str, eval_every: int, model, out, allow_changes: str, eval_prompts, init_adapters=None):
     "What a training command can check before any model loads: evaluation prompts, the start, the model, --out, --allow-changes."
     if eval_every and not eval_prompts:
-        raise ValueError(f"{command}: --eval-every {eval_every} evaluates on prompts of their own; add --eval-prompts "
-                         "FILE (a prompts file, folder or Hugging Face dataset id), or leave --eval-every out.")
+        held = ("--eval-pairs FILE (held-out pairs: a .jsonl/.csv file or Hugging Face dataset naming its images)"
+                if command == "dpo" else "--eval-prompts FILE (a prompts file, folder or Hugging Face dataset id)")
+        raise ValueError(f"{command}: --eval-every {eval_every} evaluates on data of its own; add {held}, or leave "
+                         "--eval-every out.")
     if init_adapters is not None and not any((Path(init_adapters) / half).is_dir() for half in ("ar", "dit")):
         raise ValueError(f"{command}: --init-adapters {init_adapters} holds neither ar/ nor dit/; pass the adapters/ folder "
                          "a run wrote (e.g. runs/sft/adapters).")
@@ -115,5 +122,8 @@ def _fit_run(out, steps: int, accelerator, new, resume, evaluate_ends: bool = Fa
     trainer.save()
     trainer.save_adapters(Path(out) / "adapters")   # with its model card
     trainer.close()
-    if accelerator.is_main_process: print(f"wrote {Path(out) / 'adapters'} and {Path(out) / 'metrics.jsonl'}")
+    metrics = Path(out) / "metrics.jsonl"   # none when no step ran and nothing was evaluated (--steps 0)
+    if accelerator.is_main_process:
+        print("wrote " + " and ".join([str(Path(out) / "adapters")] + [str(metrics)] * metrics.exists())
+              + ("" if trainer.step_count else " (no step taken: the adapters are those the run started with)"))
     return 0

@@ -106,13 +106,16 @@ def check_image_sizes(data: PromptDataset, width: int, height: int, name: str):
                          f"generated at {width}x{height}; build it with resize=({width}, {height}) "
                          "(glm-grpo: --resize with --height and --width).")
     if data.size is not None: return
+    role, found = getattr(data, "role", "target"), {}   # a PairDataset's parts are its chosen and its rejected images
     for e in data.examples:
         if e.target is None: continue
-        with open_image(e.target) as im:
-            if im.size != (width, height):
-                raise ValueError(f"{name}: target {e.target} is {im.size[0]}x{im.size[1]} but images are "
-                                 f"generated at {width}x{height}; build the dataset with resize=({width}, {height}) "
-                                 f"(glm-grpo: --resize, or --height {im.size[1]} --width {im.size[0]}).")
+        with open_image(e.target) as im: found.setdefault(im.size, e.target)
+    wrong = [(s, f) for s, f in found.items() if s != (width, height)]
+    if wrong:
+        (w, h), f = wrong[0]
+        alone = f", or --height {h} --width {w}: every {role} image is {w}x{h}" if len(found) == 1 else ""
+        raise ValueError(f"{name}: {role} image {f} is {w}x{h} but images are generated at {width}x{height}; build the "
+                         f"dataset with resize=({width}, {height}) (glm-grpo: --resize{alone}).")
     sizes = {}
     for e in data.examples:
         for s in e.sources or []:
@@ -137,7 +140,7 @@ def _claim_output_dir(self: RunSetup, resuming: bool):
         self._lock.release()
         raise ValueError(f"{name}: output_dir {d} already holds a run (metrics.jsonl or checkpoints); continue "
                          f"it with {name}.resume({str(d)!r}, ...), or pass a new output_dir.")
-    if not (d / RUN_CONFIG).exists(): self._write_run_config()   # a resumed run keeps the record of how it began
+    # run_config.json is written with the run's first row (`RunLoop._write_row`): a start that fails leaves none
 
 RUN_CONFIG = "run_config.json"
 PACKAGES = ("torch", "transformers", "diffusers", "peft", "bitsandbytes", "accelerate", "glm_grpo_nb")

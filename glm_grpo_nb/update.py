@@ -124,7 +124,7 @@ def update(self: Updates, s, snapshot=None) -> UpdateResult:
                             loss, m = loss_of()
                             if torch.isfinite(loss): (loss * pw).backward()
                             fault = fault or self._fault(half, obj, loss, rows, m.pop("nonfinite_logprobs", None), loss_of)
-                        for k, v in [("loss", loss.item())] + list(m.items()):
+                        for k, v in [(obj.loss_name, loss.item())] + list(m.items()):
                             key = f"{half}/{k}"
                             if k.endswith("_min"): agg[key] = min(agg.get(key, v), v)
                             elif k.endswith("_max"): agg[key] = max(agg.get(key, v), v)

@@ -187,7 +187,7 @@ def test_eval_prompts_alone_and_the_wrong_kind_of_run_folder(glm_grpo, tiny_path
             "--eval-prompts", str(tmp_path / "p.txt"), "--steps", "2", "--group-size", "2", "--height", "64", "--width",
             "64", "--num-inference-steps", "2", "--out", str(out), "--device", "cpu")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "evaluation before training: reward " in r.stdout and "evaluation after step 2: reward " in r.stdout, r.stdout
+    assert "evaluation before training: reward " in r.stdout and "evaluation after 2 steps: reward " in r.stdout, r.stdout
     card = (out / "adapters" / "README.md").read_text()
     assert "## Progress on the evaluation prompts" in card and "| 0 | " in card and "| 2 | " in card, card
     start = time.time()
@@ -214,6 +214,40 @@ def test_argument_errors_answer_without_torch(tiny_path):
     assert "--group-size must be an int >= 2" in r.stderr and "--lr must be a finite number > 0" in r.stderr, r.stderr
 
 
+def test_dpo_data_errors_answer_without_torch(tiny_path, tmp_path):
+    "glm-grpo dpo names every problem of its pairs and folders before torch is imported, as sft does; its flags by name."
+    import sys
+    from PIL import Image
+    for sub in ("chosen", "rejected"): (tmp_path / sub).mkdir()
+    (tmp_path / "p.txt").write_text("a red square\na blue circle\n")
+    for f in ("chosen/0.png", "chosen/1.png", "rejected/0.png"): Image.new("RGB", (64, 64)).save(tmp_path / f)
+    base = ["dpo", "--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt")]
+    cases = [(base + ["--chosen", str(tmp_path / "chosen"), "--rejected", str(tmp_path / "rejected")], "rejected: pair 1: missing"),
+             (base + ["--chosen", str(tmp_path / "nowhere"), "--rejected", str(tmp_path / "rejected")],
+              f"--chosen {tmp_path / 'nowhere'}: no such folder"),
+             (base + ["--chosen", str(tmp_path / "chosen"), "--rejected", str(tmp_path / "rejected"), "--eval-every", "2"],
+              "add --eval-pairs FILE"),
+             (["sft", "--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt"), "--targets", str(tmp_path / "none")],
+              f"--targets {tmp_path / 'none'}: no such folder")]
+    code = ("import sys\nfrom glm_grpo_nb.cli import main\n"
+            f"for args, _ in {cases!r}:\n    assert main(args) == 2, args\n    assert 'torch' not in sys.modules, args\nprint('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    for _, said in cases: assert said in r.stderr, (said, r.stderr)
+    assert "Traceback" not in r.stderr and "--eval-prompts" not in r.stderr, r.stderr
+
+
+def test_dpo_offers_only_its_options(glm_grpo):
+    "Settings that only shape an evaluation's images are not dpo's: its evaluation scores held-out pairs, making none."
+    r = run(glm_grpo, "dpo", "--help")
+    assert r.returncode == 0 and "--dpo-beta" in r.stdout and "--eval-pairs" in r.stdout, r.stdout
+    for option in ("--temperature", "--top-k", "--top-p", "--num-inference-steps", "--decode-batch", "--ar-sample-batch",
+                   "--dit-sample-batch", "--guidance-scale"):
+        assert option not in r.stdout, option
+    r = run(glm_grpo, "dpo", "--model", "m", "--prompts", "p", "--temperature", "0.9")
+    assert r.returncode == 2 and "--temperature" in r.stderr, r.stderr
+
+
 def test_dpo_command(glm_grpo, tiny_path, tmp_path):
     "glm-grpo dpo trains on chosen and rejected folders, evaluates the held-out pairs before and after, writes adapters "
     "with a DPO card; pairs it cannot use are refused before any model loads and nothing is written."
@@ -233,7 +267,7 @@ def test_dpo_command(glm_grpo, tiny_path, tmp_path):
             "--rejected", str(tmp_path / "rejected"), "--device", "cpu"]
     r = run(glm_grpo, "dpo", *args, "--eval-pairs", str(held), "--steps", "2", "--prompts-per-step", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "evaluation before training: ar_logp_margin " in r.stdout and "ar_accuracy 0.0000" in r.stdout and "evaluation after step 2: " in r.stdout, r.stdout
+    assert "evaluation before training: ar_logp_margin " in r.stdout and "ar_accuracy 0.0000" in r.stdout and "evaluation after 2 steps: " in r.stdout, r.stdout
     metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "ar/dpo_loss" in m]
     assert len(steps) == 2 and abs(steps[0]["ar/dpo_loss"] - np.log(2)) < 1e-6 and steps[0]["dit/margin"] == 0, steps
@@ -245,7 +279,8 @@ def test_dpo_command(glm_grpo, tiny_path, tmp_path):
     assert r.returncode == 2 and "rejected: pair 1: missing" in r.stderr and not (tmp_path / "bad").exists(), r.stderr
     rows[1][2].resize((96, 96)).save(tmp_path / "rejected" / "1.png")
     r = run(glm_grpo, "dpo", *args, "--out", str(tmp_path / "bad"))
-    assert r.returncode == 2 and "1.png is 96x96" in r.stderr and not (tmp_path / "bad").exists(), r.stderr
+    assert r.returncode == 2 and "rejected image" in r.stderr and "1.png is 96x96" in r.stderr and not (tmp_path / "bad").exists(), r.stderr
+    assert "--resize" in r.stderr and "--height 96" not in r.stderr, r.stderr   # the other images are 64x64: resizing is the way
     r = run(glm_grpo, "sft", "--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt"), "--targets",
             str(tmp_path / "chosen"), "--out", str(out), "--device", "cpu")
     assert r.returncode == 2 and "holds the checkpoints of DPO training (written by glm-grpo dpo)" in r.stderr, r.stderr

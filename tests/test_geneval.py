@@ -37,17 +37,30 @@ def test_bad_metadata_refused_before_the_model_loads(glm_grpo, tiny_path, tmp_pa
     prompts.write_text(json.dumps({"tag": "colors", "include": [{"class": "sofa", "count": 1, "color": "red"}],
                                    "prompt": "a photo of a red sofa"}) + "\n")
     start = time.time()
+    # offline, the default detector not in the cache: one line naming it and the option, before the policy or any image
     r = run(glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(prompts), "--reward", "geneval",
             "--out", str(tmp_path / "run"), "--device", "cpu")
-    assert r.returncode != 0
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-800:]
+    assert "facebook/mask2former-swin-small-coco-instance is not in the local Hugging Face cache" in r.stderr, r.stderr[-800:]
+    assert "--reward-models geneval=PATH" in r.stderr and not (tmp_path / "run").exists(), r.stderr[-800:]
+    r = run(glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(prompts), "--reward", "geneval",
+            "--reward-models", "geneval=./no/such/detector", "--out", str(tmp_path / "run"), "--device", "cpu")
+    assert r.returncode == 2 and "./no/such/detector does not exist" in r.stderr, r.stderr[-800:]
+    plugged = "geneval.detector=glm_grpo_nb.geneval:SceneDetector,geneval.color_of=glm_grpo_nb.geneval:scene_colors"
+    r = run(glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(prompts), "--reward", "geneval",
+            "--reward-models", plugged, "--out", str(tmp_path / "run"), "--device", "cpu")
+    assert r.returncode == 2
     assert "unknown class 'sofa'" in r.stderr and "prompt 0 ('a photo of a red sofa')" in r.stderr, r.stderr[-800:]
     assert not (tmp_path / "run" / "checkpoints").exists()
     plain = tmp_path / "plain.txt"
     plain.write_text("a photo of a cup\n")
     r = run(glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(plain), "--reward", "geneval",
-            "--out", str(tmp_path / "run2"), "--device", "cpu")
+            "--reward-models", plugged, "--out", str(tmp_path / "run2"), "--device", "cpu")
     assert r.returncode != 0 and "has no GenEval metadata" in r.stderr, r.stderr[-800:]
-    assert time.time() - start < 120
+    r = run(glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(prompts), "--reward", "geneval",
+            "--reward-models", plugged + ",geneval.threshold=0.1", "--out", str(tmp_path / "run"), "--device", "cpu")
+    assert r.returncode == 2 and "reward 'geneval' has no option 'threshold'; its options are reward_type" in r.stderr, r.stderr[-800:]
+    assert time.time() - start < 240
 
 
 def test_evaluate_geneval_writes_the_official_results(glm_grpo, tiny_path, tmp_path):
@@ -67,6 +80,38 @@ def test_evaluate_geneval_writes_the_official_results(glm_grpo, tiny_path, tmp_p
     assert abs(metrics["benchmark"]["overall"]["mean"] - geneval_scores(results)["overall"]) < 1e-12
     assert {"geneval/correct", "geneval/strict", "geneval/score"} <= set(metrics["metrics"])
     assert all(Path(r["filename"]).exists() for r in results)
+    # what scored is recorded beside the figures, and the images are also in GenEval's own layout
+    scorers = json.loads((out / "metrics.json").read_text())["settings"]["scorers"]
+    assert scorers == {"geneval": {"detector": str(m2f), "colours": str(clip)}}, scorers
+    assert f"scored by geneval: detector {m2f}, colours {clip}" in r.stdout, r.stdout
+    record = json.loads((out / "images" / "base" / "results_run.json").read_text())
+    assert record["scorers"] == scorers and record["samples_per_prompt"] == 1, record
+    laid = sorted(p.relative_to(out / "geneval" / "base").as_posix() for p in (out / "geneval" / "base").rglob("*.png"))
+    assert laid == [f"{i:05d}/samples/00000.png" for i in range(12)], laid
+    first = json.loads((out / "geneval" / "base" / "00000" / "metadata.jsonl").read_text())
+    assert first == json.loads((ROOT / "examples/geneval/prompts.jsonl").read_text().splitlines()[0]), first
+
+
+def test_evaluate_geneval_with_ones_own_detector(glm_grpo, tiny_path, tmp_path):
+    "--reward-models geneval.detector=module:callable plugs a detector of one's own (a class made with no arguments)."
+    (tmp_path / "my_detector.py").write_text(
+        "from glm_grpo_nb.geneval import SceneDetector\n"
+        "class Balls(SceneDetector):\n"
+        "    def __init__(self): super().__init__(square='sports ball', circle='sports ball')\n")
+    out = tmp_path / "eval"
+    r = run(glm_grpo, "evaluate", "--model", str(tiny_path), "--prompts", str(ROOT / "examples/geneval/prompts.jsonl"),
+            "--benchmark", "geneval", "--samples-per-prompt", "1", "--reward-models",
+            "geneval.detector=my_detector:Balls,geneval.color_of=glm_grpo_nb.geneval:scene_colors",
+            "--num-inference-steps", "2", "--height", "64", "--width", "64", "--out", str(out), "--device", "cpu", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    scorers = json.loads((out / "metrics.json").read_text())["settings"]["scorers"]["geneval"]
+    assert scorers == {"detector": "my_detector:Balls", "colours": "glm_grpo_nb.geneval:scene_colors"}, scorers
+    r = run(glm_grpo, "evaluate", "--model", str(tiny_path), "--prompts", str(ROOT / "examples/geneval/prompts.jsonl"),
+            "--benchmark", "geneval", "--reward-models", "geneval.detector=my_detector:Nothing,geneval.color_of=my_detector:Balls",
+            "--out", str(tmp_path / "e2"),
+            "--device", "cpu", cwd=tmp_path)
+    assert r.returncode == 2 and "geneval: detector: cannot import 'my_detector:Nothing'" in r.stderr, r.stderr[-800:]
+    assert not (tmp_path / "e2" / "images").exists()
 
 
 def test_the_official_prompt_file_parses():

@@ -130,7 +130,7 @@ SCRIPT = textwrap.dedent('''
     ores = on.step()
     m = ores.metrics
     out["dpo"] = dict(offline=offline, online=dict(skipped=ores.skipped, moved=moved_since(before), pairs=[m["ar/pairs"], m["dit/pairs"]],
-                                                   losses=[m["ar/loss"], m["dit/loss"]]))
+                                                   losses=[m["ar/dpo_loss"], m["dit/dpo_loss"]]))
     # the DiT's blocks compiled (AOTAutograd's forward and backward graphs, run eagerly): sampling and its recompute
     policy.dit_compile = dict(backend="aot_eager")
     r = policy.sample_tokens([prompt], 2, 256, 256, seed=3)
