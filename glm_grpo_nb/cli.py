@@ -224,20 +224,28 @@ def _pair_reader(config, chosen, rejected, sources, split, resize, prompt_column
     def pairs_of(p, folders=True):
         if folders and (chosen or rejected):
             return PairDataset(p, chosen=chosen, rejected=rejected, sources=sources, resize=size, **columns)
-        if not Path(p).expanduser().exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", p):   # a Hugging Face dataset
+        path = Path(p).expanduser()
+        saved = path.is_dir() and any((path / f).exists() for f in ("dataset_info.json", "state.json", "dataset_dict.json"))
+        hub = not path.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", p)
+        if saved or hub or path.suffix == ".parquet":   # Arrow: a save_to_disk folder, a parquet file, a Hub dataset
             try: import datasets
-            except ImportError: raise ValueError("dpo: a Hugging Face dataset needs the `datasets` package: pip install datasets") from None
-            try: data = datasets.load_dataset(p, split=split)
+            except ImportError: raise ValueError(f"dpo: reading {p} needs the `datasets` package: pip install datasets") from None
+            try:
+                data = (datasets.load_from_disk(str(path)) if saved else datasets.Dataset.from_parquet(str(path))
+                        if path.suffix == ".parquet" else datasets.load_dataset(p, split=split))
             except Exception as e:
-                raise ValueError(f"dpo: cannot load split {split!r} of {p} ({type(e).__name__}: {str(e)[:200]}); check the "
-                                 "name, the split and your connection.") from None
+                raise ValueError(f"dpo: cannot load {p} ({type(e).__name__}: {str(e)[:200]}); check the name, the split "
+                                 "and your connection.") from None
+            if isinstance(data, datasets.DatasetDict):   # a save_to_disk folder of several splits
+                if split not in data: raise ValueError(f"dpo: {p} has the splits {', '.join(data)}, not {split!r}; pass --split.")
+                data = data[split]
             return PairDataset(data, resize=size, **columns)
         return PairDataset(p, resize=size, **columns)
     return pairs_of
 
 def dpo(
     model: str = None,         # GLM-Image folder or hub id (required)
-    prompts: str = None,       # a .txt prompts file (with --chosen and --rejected), a .jsonl/.csv file with prompt, chosen and rejected columns, or a Hugging Face dataset id (those columns, or Pick-a-Pic's caption, jpg_0, jpg_1, label_0) (required)
+    prompts: str = None,       # a .txt prompts file (with --chosen and --rejected), a .jsonl/.csv/.parquet file or a save_to_disk folder with prompt, chosen and rejected columns, or a Hugging Face dataset id (those columns, or Pick-a-Pic's caption, jpg_0, jpg_1, label_0) (required)
     chosen: str = None,        # folder of the chosen images named by prompt line (0.png, 1.png, ...), for a .txt prompts file
     rejected: str = None,      # folder of the rejected images named by prompt line
     sources: str = None,       # folder of source images named by prompt line (i2i pairs)
@@ -268,6 +276,9 @@ def dpo(
     pairs_of = _pair_reader(config, chosen, rejected, sources, split, resize, prompt_column, chosen_column, rejected_column)
     dataset = pairs_of(prompts)
     held = pairs_of(eval_pairs, folders=False) if eval_pairs else None
+    if dataset.ties_dropped or dataset.flipped:   # Pick-a-Pic's labels, said before training on them
+        print(f"{len(dataset)} pairs: {dataset.ties_dropped} ties dropped (label_0 0.5), {dataset.flipped} read with "
+              "jpg_1 preferred (label_0 0)", flush=True)
     _check_sizes("dpo", config, model, dataset, dataset.rejected_data, held, held and held.rejected_data)
     from glm_grpo_nb.dpo_trainer import DPOTrainer
     accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters)

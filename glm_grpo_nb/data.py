@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
+import io
 import json
 import re
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from PIL import Image
 from .hub import IMAGE_BLOCK, check_image_size
 
 # %% auto #0
-__all__ = ['IMAGE_SUFFIXES', 'COLUMNS', 'RESERVED', 'Example', 'open_image', 'PromptDataset']
+__all__ = ['IMAGE_SUFFIXES', 'COLUMNS', 'RESERVED', 'Example', 'ArrowImage', 'open_image', 'PromptDataset']
 
 # %% ../nbs/03_data.ipynb #dd45d4ab
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
@@ -34,10 +35,33 @@ class Example:
 COLUMNS = ("prompt", "target", "source", "sources")   # the columns a dataset reads itself
 RESERVED = ("images", "prompts", "targets", "sources")   # the names every reward is called with
 
+class ArrowImage:
+    "An image in one row of a Hugging Face (Arrow) dataset, read when used: the rows stay on disk, memory-mapped."
+    __slots__ = ("data", "row", "column")
+    def __init__(self, data, row: int, column: str): self.data, self.row, self.column = data, row, column
+
+    def open(self) -> Image.Image:
+        "The image (bytes, a path, or datasets' decoded image), opened lazily as PIL opens files."
+        v = self.data[self.row][self.column]
+        if isinstance(v, dict): v = v.get("bytes") or v.get("path")   # datasets' undecoded Image feature
+        if isinstance(v, Image.Image): return v
+        if isinstance(v, (bytes, bytearray)): return Image.open(io.BytesIO(v))
+        if isinstance(v, str) and v: return Image.open(v)
+        raise OSError(f"row {self.row} holds no image in column {self.column!r} (got {type(v).__name__})")
+
+    def key(self) -> list:
+        "What identifies it: a dataset on disk by its own fingerprint, the row and the column (nothing read); else its pixels."
+        if getattr(self.data, "cache_files", None): return [self.data._fingerprint, self.row, self.column]
+        with open_image(self) as im: return [im.size, im.mode, hashlib.sha256(im.tobytes()).hexdigest()]
+
+    def __repr__(self): return f"<row {self.row}, column {self.column!r}>"
+
 @contextlib.contextmanager
-def open_image(p: Path | Image.Image):
-    "The image at a path (closed afterwards), or an in-memory image as it is."
+def open_image(p: Path | Image.Image | ArrowImage):
+    "The image at a path or in a dataset's row (closed afterwards), or an in-memory image as it is."
     if isinstance(p, Image.Image): yield p
+    elif isinstance(p, ArrowImage):
+        with p.open() as im: yield im
     else:
         with Image.open(p) as im: yield im
 
@@ -80,7 +104,7 @@ def _example(where, d, base):
         return None, [f"{where}: empty prompt; every row needs some text."]
     def path(x):
         if x is None or x == "": return None
-        if isinstance(x, Image.Image): return x   # a Hugging Face dataset's image column
+        if isinstance(x, (Image.Image, ArrowImage)): return x   # a Hugging Face dataset's image column
         if isinstance(x, str) and x.startswith("<"): errs.append(f"{where}: {x[1:-1]}"); return None
         q = Path(x).expanduser()
         return q if q.is_absolute() else base / q
@@ -144,6 +168,10 @@ def _collect(data, prompt_column: str = "prompt"):
 def _size_or_error(p) -> tuple[int, int] | str:
     "(width, height) of an image path or in-memory image, or what is wrong with it."
     if isinstance(p, Image.Image): return p.size
+    if isinstance(p, ArrowImage):
+        try:
+            with open_image(p) as im: return im.size
+        except Exception as ex: return f"cannot be read ({type(ex).__name__})"
     if not p.exists(): return "not found"
     try:
         with Image.open(p) as im: im.verify()
@@ -247,6 +275,7 @@ class PromptDataset:
             h = hashlib.sha256(json.dumps(self.size).encode())
             def stat(p):
                 if isinstance(p, Image.Image): return [p.size, p.mode, hashlib.sha256(p.tobytes()).hexdigest()]
+                if isinstance(p, ArrowImage): return p.key()   # the dataset's own fingerprint: nothing read
                 return [Path(p).name, Path(p).stat().st_size if Path(p).exists() else None]
             for e in self.examples:
                 row = [e.prompt, stat(e.target) if e.target is not None else None, [stat(s) for s in e.sources or []]]

@@ -6,12 +6,13 @@ Pick-a-Pic's layout. Read, checked and fingerprinted without torch, so a bad pai
 # %% ../nbs/06d_pair_data.ipynb #5a1c0d03
 from __future__ import annotations
 
+import csv
 import io
 from pathlib import Path
 
 from PIL import Image
 
-from .data import PromptDataset, _collect
+from .data import ArrowImage, PromptDataset, _collect
 from .run_command import _dataset_rows
 
 # %% auto #0
@@ -28,17 +29,42 @@ def _image_value(v):
         except OSError as e: return f"<cannot be read ({type(e).__name__})>"
     return v
 
-def _pair_rows(rows, prompt_column, chosen_column, rejected_column) -> tuple[list, list[str]]:
-    "Rows as (where, {prompt, chosen, rejected, source...}) in either layout; ties dropped; missing columns reported."
-    out, errors = [], []
+def _arrow_rows(data, image_columns):
+    "Rows of a Hugging Face dataset with its image columns left on disk (`ArrowImage`, read per batch), the rest read."
+    if isinstance(data.column_names, dict):
+        raise ValueError(f"PairDataset: pass one split of a Hugging Face dataset (e.g. ds['train']), not a {type(data).__name__}.")
+    images = [c for c in image_columns if c in data.column_names]
+    other = data.select_columns([c for c in data.column_names if c not in images])
+    views = {c: data.select_columns([c]) for c in images}   # each image column alone: reading one row reads one image
+    rows = [(f"row {i}", {**d, **{c: ArrowImage(views[c], i, c) for c in images}}) for i, d in enumerate(other)]
+    return rows, Path.cwd(), getattr(data, "info", None) and data.info.dataset_name
+
+def _csv_prompt_column(data, prompt_column: str) -> str:
+    "The column a CSV's prompts are read from: `prompt_column`, or Pick-a-Pic's caption where the file is in its layout."
+    if not isinstance(data, (str, Path)) or Path(data).suffix.lower() != ".csv" or not Path(data).expanduser().is_file():
+        return prompt_column
+    with open(Path(data).expanduser(), newline="", encoding="utf-8") as f: names = next(csv.reader(f), [])
+    return "caption" if prompt_column not in names and set(PICKAPIC) <= set(names) else prompt_column
+
+def _label(v):
+    "Pick-a-Pic's label_0 as a number (a CSV gives it as text)."
+    if isinstance(v, str):
+        try: return float(v)
+        except ValueError: return v
+    return v
+
+def _pair_rows(rows, prompt_column, chosen_column, rejected_column) -> tuple[list, list[str], dict]:
+    "Rows as (where, {prompt, chosen, rejected, source...}) in either layout; ties dropped and flips counted; missing columns reported."
+    out, errors, counts = [], [], {"ties_dropped": 0, "flipped": 0}
     for where, d in rows:
         if "_error" in d: out.append((where, d)); continue
         if all(k in d for k in PICKAPIC) and prompt_column not in d:
-            label = d["label_0"]
+            label = _label(d["label_0"])
             if label not in (0, 0.5, 1):
                 errors.append(f"{where}: label_0 is {label!r}; Pick-a-Pic's labels are 1 (jpg_0 preferred), 0 (jpg_1) "
                               "or 0.5 (a tie)."); continue
-            if label == 0.5: continue   # a tie prefers nothing
+            if label == 0.5: counts["ties_dropped"] += 1; continue   # a tie prefers nothing
+            counts["flipped"] += label == 0   # jpg_1 preferred: the pair is read the other way round
             first, second = _image_value(d["jpg_0"]), _image_value(d["jpg_1"])
             chosen, rejected = (first, second) if label == 1 else (second, first)
             rest = {k: v for k, v in d.items() if k not in PICKAPIC and k not in ("jpg_0_uid", "jpg_1_uid")}
@@ -52,7 +78,7 @@ def _pair_rows(rows, prompt_column, chosen_column, rejected_column) -> tuple[lis
             continue
         out.append((where, {**{k: v for k, v in d.items() if k in ("source", "sources")}, "prompt": d[prompt_column],
                             "chosen": _image_value(d[chosen_column]), "rejected": _image_value(d[rejected_column])}))
-    return out, errors
+    return out, errors, counts
 
 # %% ../nbs/06d_pair_data.ipynb #d4459e4a
 class PairDataset(PromptDataset):
@@ -84,9 +110,11 @@ class PairDataset(PromptDataset):
                                      f"{prompt_column!r}, {chosen_column!r} and {rejected_column!r} columns, or Pick-a-Pic's "
                                      f"{', '.join(PICKAPIC)}. Name other columns with prompt_column=, chosen_column=, "
                                      "rejected_column= (glm-grpo dpo: --prompt-column, ...).")
-                rows, base, origin = _collect(data, "caption")
-            else: rows, base, origin = _collect(data, prompt_column)
-        rows, errors = _pair_rows(rows, prompt_column, chosen_column, rejected_column)
+                rows, base, origin = _arrow_rows(data, ("jpg_0", "jpg_1"))
+            elif type(data).__module__.startswith("datasets.") and hasattr(data, "column_names"):
+                rows, base, origin = _arrow_rows(data, (chosen_column, rejected_column))
+            else: rows, base, origin = _collect(data, _csv_prompt_column(data, prompt_column))
+        rows, errors, counts = _pair_rows(rows, prompt_column, chosen_column, rejected_column)
         if not rows and not errors: errors.append(f"{origin or 'data'}: no pairs (every row a tie, or none at all).")
         def absolute(v):   # relative paths start from the file's folder, as a PromptDataset's do
             if isinstance(v, str) and v and not v.startswith("<") and not Path(v).expanduser().is_absolute(): return str(base / v)
@@ -105,10 +133,12 @@ class PairDataset(PromptDataset):
         if errors: raise ValueError(f"PairDataset: {len(errors)} problem(s):\n  " + "\n  ".join(errors))
         self.__dict__.update(parts["chosen"].__dict__)   # the chosen images are the targets
         self.origin, self.rejected_data = origin, parts["rejected"]
+        self.ties_dropped, self.flipped = counts["ties_dropped"], counts["flipped"]   # Pick-a-Pic's labels: 0.5, 0
         self.role, self.rejected_data.role = "chosen", "rejected"   # what size checks call their images
 
     def __repr__(self):
-        return f"PairDataset({len(self)} pairs, sources={self.has_sources}, size={self.size})"
+        labels = f", {self.ties_dropped} ties dropped, {self.flipped} flipped" if self.ties_dropped or self.flipped else ""
+        return f"PairDataset({len(self)} pairs, sources={self.has_sources}, size={self.size}{labels})"
 
     def pair(self, i) -> dict:
         "{'prompt', 'chosen', 'rejected', 'sources'} of pair i, images loaded (and resized)."

@@ -284,3 +284,32 @@ def test_dpo_command(glm_grpo, tiny_path, tmp_path):
     r = run(glm_grpo, "sft", "--model", str(tiny_path), "--prompts", str(tmp_path / "p.txt"), "--targets",
             str(tmp_path / "chosen"), "--out", str(out), "--device", "cpu")
     assert r.returncode == 2 and "holds the checkpoints of DPO training (written by glm-grpo dpo)" in r.stderr, r.stderr
+
+
+def test_dpo_reads_pick_a_pic_as_saved_parquet_and_csv(tmp_path):
+    "Pick-a-Pic's layout from a save_to_disk folder, a parquet file and a CSV (labels as text): ties dropped, flips counted."
+    import io
+    import datasets
+    from PIL import Image
+    from glm_grpo_nb.cli import _pair_reader
+    from glm_grpo_nb.config import DPOConfig
+    def png(c):
+        buf = io.BytesIO(); Image.new("RGB", (64, 64), c).save(buf, format="PNG"); return buf.getvalue()
+    red, blue = png((200, 30, 30)), png((30, 30, 200))
+    rows = {"caption": ["red wins", "blue wins", "a tie"], "jpg_0": [red] * 3, "jpg_1": [blue] * 3, "label_0": [1.0, 0.0, 0.5]}
+    ds = datasets.Dataset.from_dict(rows)
+    ds.save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "splits"))
+    ds.to_parquet(str(tmp_path / "pairs.parquet"))
+    for name, data in (("red", red), ("blue", blue)): (tmp_path / f"{name}.png").write_bytes(data)
+    (tmp_path / "pairs.csv").write_text("caption,jpg_0,jpg_1,label_0\nred wins,red.png,blue.png,1\nblue wins,red.png,blue.png,0\n"
+                                        "a tie,red.png,blue.png,0.5\n")
+    pairs_of = _pair_reader(DPOConfig(), None, None, None, "train", False, "prompt", "chosen", "rejected")
+    for source in ("saved", "splits", "pairs.parquet", "pairs.csv"):
+        pairs = pairs_of(str(tmp_path / source))
+        assert (len(pairs), pairs.ties_dropped, pairs.flipped) == (2, 1, 1), (source, pairs)
+        second = pairs.pair(1)
+        assert second["prompt"] == "blue wins" and second["chosen"].getpixel((0, 0)) == (30, 30, 200), (source, second)
+    try: _pair_reader(DPOConfig(), None, None, None, "test", False, "prompt", "chosen", "rejected")(str(tmp_path / "splits"))
+    except ValueError as e: assert "has the splits train, not 'test'; pass --split" in str(e), e
+    else: raise AssertionError("a missing split was not refused")
