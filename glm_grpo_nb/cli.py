@@ -17,7 +17,7 @@ from .config import DPOConfig, GRPOConfig, SFTConfig
 from .options import TRAIN_DEFAULTS, command_parser, config_of, config_options, _option_style  # noqa: F401 (importable here too)
 from .demo import DEMO_PROMPTS, demo  # noqa: F401 (a command, and its prompts)
 from .hub import check_hub_model, check_image_size, check_model_source, model_size, resolve_model
-from .run_command import _check_run, _check_sizes, _data_reader, _dataset_rows, _fit_run, _policy_here, process_device  # noqa: F401 (importable here too)
+from .run_command import _check_resume, _check_run, _check_sizes, _data_reader, _dataset_rows, _fit_run, _policy_here, process_device  # noqa: F401 (importable here too)
 
 # %% auto #0
 __all__ = ['REWARD_NAMES', 'ALLOCATOR', 'COMMANDS', 'SETTINGS', 'tiny', 'generate', 'train', 'sft', 'dpo', 'serve_reward', 'plan',
@@ -162,6 +162,7 @@ def train(
     check_reward_rows(reward_fn, dataset, "train: --reward")   # e.g. GenEval's metadata, before any model loads
     for fn in filter(None, (reward_fn, held) if evals["eval_prompts"] is not None else ()):   # evaluate scores with both
         check_reward_rows(fn, evals["eval_prompts"], "train: --eval-prompts, reward")
+    _check_resume("train", out, allowed, dataset, reward_fn)
     accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters)
     return _fit_run(out, steps, accelerator, evaluate_ends=bool(eval_prompts) and not config.eval_every,
                     new=lambda: GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out,
@@ -207,6 +208,7 @@ def sft(
                              "prompts file with a 'target' column.")
     _check_sizes("sft", config, model, dataset, held)
     if perceptual: check_model_source(perceptual, "sft: --perceptual")   # found before anything loads
+    _check_resume("sft", out, allowed, dataset)
     from glm_grpo_nb.sft import SFTTrainer, closeness_reward
     evals = dict(eval_prompts=held, eval_reward=closeness_reward(perceptual))
     accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config)
@@ -280,6 +282,7 @@ def dpo(
         print(f"{len(dataset)} pairs: {dataset.ties_dropped} ties dropped (label_0 0.5), {dataset.flipped} read with "
               "jpg_1 preferred (label_0 0)", flush=True)
     _check_sizes("dpo", config, model, dataset, dataset.rejected_data, held, held and held.rejected_data)
+    _check_resume("dpo", out, allowed, dataset)
     from glm_grpo_nb.dpo_trainer import DPOTrainer
     accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters)
     return _fit_run(out, steps, accelerator, evaluate_ends=bool(eval_pairs) and not config.eval_every,

@@ -67,6 +67,26 @@ def _check_run(command: str, eval_every: int, model, out, allow_changes: str, ev
     if unknown: raise ValueError(f"{command}: --allow-changes takes model, adapters, dataset, reward; got {', '.join(sorted(unknown))}.")
     return model, allowed
 
+def _check_resume(command: str, out, allowed: tuple, dataset, reward=None) -> None:
+    "Before any model loads: refuse to continue the run in `out` with other data or rewards (the model is compared once loaded)."
+    import json
+    from glm_grpo_nb.hub import checkpoints
+    found = checkpoints(Path(out) / "checkpoints")
+    if not found: return
+    try: run = json.loads((found[-1] / "trainer_state.json").read_text()).get("run") or {}
+    except (OSError, ValueError, AttributeError): return   # damaged: resuming says which and what to do
+    refused = {}
+    if "dataset" not in allowed and run.get("dataset") not in (None, dataset.fingerprint()):
+        refused["dataset"] = f"dataset fingerprint {run['dataset']} -> {dataset.fingerprint()} (other prompts or images)"
+    if reward is not None and "reward" not in allowed:
+        from glm_grpo_nb.rewards import reward_name
+        before, now = (run.get("reward") or {}).get("reward_fn"), reward_name(reward)
+        if before not in (None, now): refused["reward"] = f"rewards: {before!r} -> {now!r}"
+    if refused:
+        raise ValueError(f"{command}: --out {out} holds a run with another {', '.join(refused)}:\n  " + "\n  ".join(refused.values())
+                         + f"\nRun it with what it was trained with, pass --allow-changes {','.join(refused)} to continue it "
+                         "anyway, or use another --out.")
+
 def _data_reader(config, targets, sources, split, resize, prompt_column, target_column, source_column):
     "data_of(path, what): a PromptDataset from a prompts file or folder (the training data with --targets/--sources) or a hub id."
     from glm_grpo_nb.data import PromptDataset

@@ -273,6 +273,13 @@ def test_dpo_command(glm_grpo, tiny_path, tmp_path):
     assert len(steps) == 2 and abs(steps[0]["ar/dpo_loss"] - np.log(2)) < 1e-6 and steps[0]["dit/margin"] == 0, steps
     card = (out / "adapters" / "README.md").read_text()
     assert "trained on preference pairs (DPO)" in card and "Diffusion-DPO (beta 100)" in card and "- dpo" in card, card
+    # continuing that run on other pairs is refused before any model loads (the model itself is compared once loaded)
+    (tmp_path / "p2.txt").write_text("\n".join(p for p, _, _ in rows[:2]) + "\n")
+    other = ["--model", str(tiny_path), "--prompts", str(tmp_path / "p2.txt"), "--chosen", str(tmp_path / "chosen"),
+             "--rejected", str(tmp_path / "rejected"), "--device", "cpu", "--steps", "3", "--out", str(out)]
+    r = run(glm_grpo, "dpo", *other)
+    assert r.returncode == 2 and f"dpo: --out {out} holds a run with another dataset" in r.stderr, r.stderr[-800:]
+    assert "--allow-changes dataset" in r.stderr and "resume:" not in r.stderr, r.stderr[-800:]
     # a pair without its rejected image, a wrong size: refused by name, before any model loads, nothing written
     (tmp_path / "rejected" / "1.png").unlink()
     r = run(glm_grpo, "dpo", *args, "--out", str(tmp_path / "bad"))
