@@ -94,11 +94,13 @@ def released_model(layers: int | None, dry: bool) -> str:
 
 def dynamo_figures() -> dict:
     "dynamo's and inductor's counters now: graphs, breaks, CUDA graphs skipped, compile seconds, recompile reasons."
-    from torch._dynamo.utils import calculate_time_spent, counters, guard_failures
+    import torch._dynamo.utils as dynamo_utils   # what a torch version lacks is reported as None, never an error
+    counters, spent = dynamo_utils.counters, getattr(dynamo_utils, "calculate_time_spent", None)
+    reasons = getattr(dynamo_utils, "guard_failures", None)
     return {"unique_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values()),
             "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
-            "compile_seconds": round(calculate_time_spent().get("entire_frame_compile", 0.0), 2),
-            "recompile_reasons": [r for reasons in guard_failures.values() for r in map(str, reasons)][-20:]}
+            "compile_seconds": round(spent().get("entire_frame_compile", 0.0), 2) if spent else None,
+            "recompile_reasons": None if reasons is None else [r for rs in reasons.values() for r in map(str, rs)][-20:]}
 
 
 def _policy(model: str, dry: bool):

@@ -148,7 +148,8 @@ def one_setting(model: str, name: str, size: int, steps: int, tiny: bool, lines:
             "nonfinite": {k: v for k, v in m.items() if k.startswith("nonfinite/")},
             "lowered": {k: v for k, v in m.items() if k.startswith("lowered/")},
             "skipped": res.skipped, "skip_reason": res.skip_reason,
-            "compile_seconds": round(after["compile_seconds"] - before["compile_seconds"], 2),   # dynamo and inductor
+            "compile_seconds": None if after["compile_seconds"] is None else
+                               round(after["compile_seconds"] - before["compile_seconds"], 2),   # dynamo and inductor
             "new_graphs": after["unique_graphs"] - before["unique_graphs"], "graph_breaks": after["graph_breaks"],
             "cudagraph_skips": after["cudagraph_skips"]})
         out["steps"][-1]["failure"] = step_failure(out["steps"][-1])
