@@ -81,7 +81,7 @@ def _check_resume(command: str, out, allowed: tuple, dataset, reward=None) -> No
     if reward is not None and "reward" not in allowed:
         from glm_grpo_nb.rewards import reward_name
         before, now = (run.get("reward") or {}).get("reward_fn"), reward_name(reward)
-        if before not in (None, now): refused["reward"] = f"rewards: {before!r} -> {now!r}"
+        if before not in (None, now): refused["reward"] = f"rewards: reward_fn {before!r} -> {now!r}"
     if refused:
         raise ValueError(f"{command}: --out {out} holds a run with another {', '.join(refused)}:\n  " + "\n  ".join(refused.values())
                          + f"\nRun it with what it was trained with, pass --allow-changes {','.join(refused)} to continue it "
