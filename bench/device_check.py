@@ -83,7 +83,7 @@ def released_model(layers: int | None, dry: bool) -> str:
         from glm_grpo_nb.tiny import make_tiny_glm_image
         return str(make_tiny_glm_image(Path(tempfile.mkdtemp()) / "tiny"))
     import torch
-    from glm_grpo_nb.hub import folder_kind
+    from glm_grpo_nb.run_files import folder_kind
     from glm_grpo_nb.tiny import make_random_glm_image
     folder = Path("/dev/shm") / ("glm-image-random" + (f"-{layers}-layers" if layers else ""))
     if folder_kind(folder) != "model":

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from .benchmarks import format_metrics
-from .hub import atomic_write
+from .run_files import atomic_write
 from .rewards import reward_name
 
 # %% auto #0

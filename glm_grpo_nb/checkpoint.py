@@ -18,12 +18,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .hub import atomic_folder, check_digests, checkpoints, file_digests, remove_leftovers  # noqa: F401 (checkpoints: importable here too)
+from .run_files import atomic_folder, check_digests, checkpoints, file_digests, remove_leftovers  # noqa: F401
+from .run_files import identity_differences  # noqa: F401 (it and checkpoints: importable here too)
 from .rewards import reward_name
 
 # %% auto #0
 __all__ = ['rng_state', 'set_rng_state', 'write_checkpoint', 'run_identity', 'resolve_checkpoint', 'damaged', 'read_checkpoint',
-           'identity_differences', 'read_tensors', 'truncate_metrics']
+           'read_tensors', 'truncate_metrics']
 
 # %% ../nbs/04_checkpoint.ipynb #dff8c1d0
 def rng_state() -> dict:
@@ -89,27 +90,6 @@ def read_checkpoint(ckpt: Path) -> tuple[dict, dict]:
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
         raise damaged(ckpt / "optimizer.pt", e) from None
     return state, opt
-
-def identity_differences(stored: dict | None, now: dict) -> dict[str, str]:
-    "{what: 'stored -> now'} for the parts of a run's identity that differ."
-    if not stored: return {}
-    out, sp, np_ = {}, stored["policy"], now["policy"]
-    if (sp["base"], sp["load_in_4bit"]) != (np_["base"], np_["load_in_4bit"]):
-        desc = lambda p: f"{p['model']} ({'NF4' if p['load_in_4bit'] else 'full precision'}, fingerprint {p['base']})"
-        out["model"] = f"base model {desc(sp)} -> {desc(np_)}"
-    halves = sorted(set(sp["adapters"]) | set(np_["adapters"]))
-    changed = [f"{h} {k} {sp['adapters'].get(h, {}).get(k)} -> {np_['adapters'].get(h, {}).get(k)}" for h in halves
-               for k in sorted(set(sp["adapters"].get(h, {})) | set(np_["adapters"].get(h, {})))
-               if sp["adapters"].get(h, {}).get(k) != np_["adapters"].get(h, {}).get(k)]
-    starts = [(p.get("start") or {}) for p in (sp, np_)]   # the adapters each began from (`start_from`), by their digest
-    if starts[0].get("digest") != starts[1].get("digest"):
-        changed.append("started from " + " -> ".join(s.get("path", "fresh adapters") for s in starts))
-    if changed: out["adapters"] = "adapters: " + "; ".join(changed)
-    if stored["dataset"] != now["dataset"]:
-        out["dataset"] = f"dataset fingerprint {stored['dataset']} -> {now['dataset']} (other prompts or images)"
-    rs = [f"{k} {stored['reward'][k]!r} -> {now['reward'][k]!r}" for k in now["reward"] if stored["reward"].get(k) != now["reward"][k]]
-    if rs: out["reward"] = "rewards: " + "; ".join(rs)
-    return out
 
 def read_tensors(ckpt: Path, name: str) -> dict[str, torch.Tensor] | None:
     "The tensors `write_checkpoint` wrote as name.safetensors (checked by `read_checkpoint`'s digests), or None."

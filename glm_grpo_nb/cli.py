@@ -7,21 +7,21 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import os
 import sys
 from pathlib import Path
 
 from . import __version__
 from .config import DPOConfig, GRPOConfig, SFTConfig
-from .options import TRAIN_DEFAULTS, command_parser, config_of, config_options, _option_style  # noqa: F401 (importable here too)
+from .options import TRAIN_DEFAULTS, command_kwargs, command_parser, config_of, config_options, _option_style  # noqa: F401 (importable here too)
 from .demo import DEMO_PROMPTS, demo  # noqa: F401 (a command, and its prompts)
-from .hub import check_hub_model, check_image_size, check_model_source, model_size, resolve_model
+from .hub import check_hub_model, check_image_size, model_size, resolve_model
 from .run_command import _check_resume, _check_run, _check_sizes, _data_reader, _dataset_rows, _fit_run, _policy_here, process_device  # noqa: F401 (importable here too)
+from .training_commands import _pair_reader, _rerun, _without, dpo, sft, train  # noqa: F401 (commands, and importable here too)
 
 # %% auto #0
-__all__ = ['REWARD_NAMES', 'ALLOCATOR', 'COMMANDS', 'SETTINGS', 'tiny', 'generate', 'train', 'sft', 'dpo', 'serve_reward', 'plan',
-           'evaluate', 'push', 'parser_of', 'main']
+__all__ = ['REWARD_NAMES', 'ALLOCATOR', 'COMMANDS', 'SETTINGS', 'tiny', 'generate', 'serve_reward', 'plan', 'evaluate', 'push',
+           'parser_of', 'main']
 
 # %% ../nbs/09_cli.ipynb #21acca8a
 def tiny(
@@ -86,209 +86,7 @@ def generate(
     return 0
 
 # %% ../nbs/09_cli.ipynb #3aa3df8b
-REWARD_NAMES = ("aesthetic", "clip", "geneval", "mse", "ocr", "perceptual", "pickscore", "psnr", "redness", "ssim")  # for --help
-
-def _without(args: list[str], *options: str) -> list[str]:
-    "`args` without the given options and their values (--opt VALUE or --opt=VALUE)."
-    out, skip = [], False
-    for a in args:
-        if skip: skip = False; continue
-        name = a.partition("=")[0].replace("_", "-")
-        if name in options: skip = "=" not in a; continue
-        out.append(a)
-    return out
-
-def _rerun(path: str, out: str) -> int:
-    "Run the glm-grpo train command a run_config.json recorded again, into the new folder `out`."
-    f = Path(path)
-    try: record = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"train: --rerun {f} cannot be read ({e}); pass the run_config.json a run wrote.") from None
-    cmd = record.get("command") or []
-    if len(cmd) < 2 or Path(cmd[0]).name != "glm-grpo" or cmd[1] != "train":
-        raise ValueError(f"train: {f} records a run started by {' '.join(cmd[:2]) or 'Python'}, not glm-grpo train; "
-                         "start it again from Python with GRPOConfig(**settings), its 'settings'.")
-    if Path(out).resolve() == Path(record.get("output_dir", "")).resolve():
-        raise ValueError(f"train: --rerun starts the run again in a new folder, and {out} is the recorded run's; pass --out NEW.")
-    args = [*_without(cmd[2:], "--out", "--rerun"), "--out", str(out)]
-    print("glm-grpo train " + " ".join(args), flush=True)
-    return main(["train", *args])
-
-def train(
-    model: str = None,         # GLM-Image folder or hub id (required)
-    prompts: str = None,       # prompts file (.txt/.jsonl/.csv), folder, or Hugging Face dataset id (required)
-    split: str = "train",      # the split, when --prompts is a Hugging Face dataset
-    reward: str = None,        # rewards, NAME[=WEIGHT] separated by commas, e.g. ssim=1,clip=0.5 (required)
-    reward_models: str = "",   # models of model-based rewards, NAME=PATH separated by commas
-    targets: str = None,       # folder of target images named by prompt line (0.png, 1.png, ...)
-    sources: str = None,       # folder of source images named by prompt line (i2i)
-    out: str = "runs/train",   # output folder: metrics.jsonl, checkpoints, adapters
-    steps: int = 100,          # GRPO steps in all (a resumed run continues up to this)
-    ar_lora: int = 16,         # AR LoRA rank
-    dit_lora: int = 16,        # DiT LoRA rank
-    load_in_4bit: bool = False,  # load the base weights in NF4 (QLoRA)
-    resize: bool = False,      # resize targets/sources to height x width instead of refusing other sizes
-    device: str = None,        # torch device (default: the accelerator's, i.e. CUDA if available, one GPU per process)
-    allow_changes: str = "",   # on resume: parts that may differ from the checkpoint (model,adapters,dataset,reward)
-    reward_wait: float = 600,  # seconds a served reward may be away (restarting, down) before the run stops
-    eval_prompts: str = None,  # prompts (file, folder or Hugging Face dataset id) scored every --eval-every steps, fixed seeds
-    eval_reward: str = None,   # a held-out reward the evaluations also score, NAME[=WEIGHT],... (not trained on)
-    rerun: str = None,         # a run's run_config.json: run its glm-grpo train command again, into --out (a new folder)
-    init_adapters: str = None, # start from these adapters (e.g. glm-grpo sft's runs/sft/adapters); the KL's reference is them unless --reference-policy base
-    prompt_column: str = "prompt",  # the prompts' column in a .jsonl/.csv file or Hugging Face dataset (DrawBench: Prompts)
-    target_column: str = "target",  # the target images' column
-    source_column: str = "source",  # the source images' column (i2i)
-    **settings,                # GRPOConfig settings given as options (--group-size 4, --sde-window 0 1, ...)
-):
-    "GRPO-train a GLM-Image model's adapters on your prompts and rewards; resumes from `out` if it holds checkpoints."
-    if rerun: return _rerun(rerun, out)
-    for name, v in (("--model", model), ("--prompts", prompts), ("--reward", reward)):
-        if not v: raise ValueError(f"train: {name} is required.")
-    model, allowed = _check_run("train", settings.get("eval_every"), model, out, allow_changes, eval_prompts, init_adapters)
-    config = config_of(GRPOConfig, {**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before torch (the objectives') loads
-    from glm_grpo_nb.reward_spec import parse_rewards
-    from glm_grpo_nb.rewards import check_reward_rows, combine
-    from glm_grpo_nb.trainer import GRPOTrainer
-    reward_fn = combine(parse_rewards(reward, reward_models, wait=reward_wait))
-    held = combine(parse_rewards(eval_reward, reward_models, wait=reward_wait)) if eval_reward else None
-    data_of = _data_reader(config, targets, sources, split, resize, prompt_column, target_column, source_column)
-    dataset = data_of(prompts, "train")
-    evals = dict(eval_prompts=data_of(eval_prompts, "eval") if eval_prompts else None, eval_reward=held)
-    for need, n in dataset.unmet_needs(reward_fn).items():
-        raise ValueError(f"train: --reward {reward} compares with {need[:-1]} images, but {n} of {len(dataset)} prompts "
-                         f"have one; pass --{need} DIR (an image per prompt line: 0.png, 1.png, ...) or a .jsonl/.csv "
-                         f"prompts file with a '{need[:-1]}' column.")
-    _check_sizes("train", config, model, dataset, evals["eval_prompts"])
-    check_reward_rows(reward_fn, dataset, "train: --reward")   # e.g. GenEval's metadata, before any model loads
-    for fn in filter(None, (reward_fn, held) if evals["eval_prompts"] is not None else ()):   # evaluate scores with both
-        check_reward_rows(fn, evals["eval_prompts"], "train: --eval-prompts, reward")
-    _check_resume("train", out, allowed, dataset, reward_fn)
-    accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters)
-    return _fit_run(out, steps, accelerator, evaluate_ends=bool(eval_prompts) and not config.eval_every,
-                    new=lambda: GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out,
-                                            accelerator=accelerator, **evals),
-                    resume=lambda: GRPOTrainer.resume(out, policy, reward_fn, dataset, allow_changes=allowed,
-                                                      output_dir=out, accelerator=accelerator, **evals, **settings))
-
-def sft(
-    model: str = None,         # GLM-Image folder or hub id (required)
-    prompts: str = None,       # prompts file (.txt/.jsonl/.csv), folder, or Hugging Face dataset id, each prompt with its target (required)
-    targets: str = None,       # folder of target images named by prompt line (0.png, 1.png, ...), for a .txt prompts file
-    sources: str = None,       # folder of source images named by prompt line (i2i pairs)
-    out: str = "runs/sft",     # output folder: metrics.jsonl, checkpoints, adapters (for glm-grpo train --init-adapters)
-    steps: int = 100,          # optimiser steps in all (a resumed run continues up to this)
-    split: str = "train",      # the split, when --prompts is a Hugging Face dataset
-    ar_lora: int = 16,         # AR LoRA rank
-    dit_lora: int = 16,        # DiT LoRA rank
-    load_in_4bit: bool = False,  # load the base weights in NF4 (QLoRA)
-    resize: bool = False,      # resize targets/sources to height x width instead of refusing other sizes
-    device: str = None,        # torch device (default: the accelerator's, i.e. CUDA if available, one GPU per process)
-    allow_changes: str = "",   # on resume: parts that may differ from the checkpoint (model,adapters,dataset)
-    eval_prompts: str = None,  # held-out prompts with targets (file, folder or Hugging Face dataset id), scored every --eval-every steps
-    perceptual: str = None,    # a DINOv2 model (folder or hub id): the evaluation's closeness adds perceptual similarity
-    prompt_column: str = "prompt",  # the prompts' column in a .jsonl/.csv file or Hugging Face dataset
-    target_column: str = "target",  # the target images' column
-    source_column: str = "source",  # the source images' column (i2i)
-    **settings,                # SFTConfig settings given as options (--lr 1e-4, --sft-timesteps 2, --no-train-dit, ...)
-):
-    "Fine-tune a GLM-Image model's adapters on your own images (supervised, before GRPO); resumes from `out` if it holds checkpoints."
-    for name, v in (("--model", model), ("--prompts", prompts)):
-        if not v: raise ValueError(f"sft: {name} is required.")
-    model, allowed = _check_run("sft", settings.get("eval_every"), model, out, allow_changes, eval_prompts)
-    config = config_of(SFTConfig, {**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
-    data_of = _data_reader(config, targets, sources, split, resize, prompt_column, target_column, source_column)
-    dataset = data_of(prompts, "train")
-    held = data_of(eval_prompts, "eval") if eval_prompts else None
-    for role, data in (("--prompts", dataset), ("--eval-prompts", held)):
-        missing = [i for i, e in enumerate(data.examples) if e.target is None] if data is not None else []
-        if missing:
-            raise ValueError(f"sft: {len(missing)} of {len(data)} prompts of {role} have no target image (the first: line "
-                             f"{missing[0]}, {data.examples[missing[0]].prompt!r}); supervised fine-tuning trains on each "
-                             "prompt's target: pass --targets DIR (an image per prompt line: 0.png, 1.png, ...) or a "
-                             "prompts file with a 'target' column.")
-    _check_sizes("sft", config, model, dataset, held)
-    if perceptual: check_model_source(perceptual, "sft: --perceptual")   # found before anything loads
-    _check_resume("sft", out, allowed, dataset)
-    from glm_grpo_nb.sft import SFTTrainer, closeness_reward
-    evals = dict(eval_prompts=held, eval_reward=closeness_reward(perceptual))
-    accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config)
-    return _fit_run(out, steps, accelerator, evaluate_ends=bool(eval_prompts) and not config.eval_every,
-                    new=lambda: SFTTrainer(policy, dataset, config=config, output_dir=out, accelerator=accelerator, **evals),
-                    resume=lambda: SFTTrainer.resume(out, policy, dataset, allow_changes=allowed, output_dir=out,
-                                                     accelerator=accelerator, **evals, **settings))
-
-def _pair_reader(config, chosen, rejected, sources, split, resize, prompt_column, chosen_column, rejected_column):
-    "pairs_of(path): a PairDataset from a prompts file with image folders, a file naming its images, or a hub id."
-    import re
-    from glm_grpo_nb.pair_data import PairDataset
-    size = (config.width, config.height) if resize and config.width and config.height else bool(resize)
-    columns = dict(prompt_column=prompt_column, chosen_column=chosen_column, rejected_column=rejected_column)
-    def pairs_of(p, folders=True):
-        if folders and (chosen or rejected):
-            return PairDataset(p, chosen=chosen, rejected=rejected, sources=sources, resize=size, **columns)
-        path = Path(p).expanduser()
-        saved = path.is_dir() and any((path / f).exists() for f in ("dataset_info.json", "state.json", "dataset_dict.json"))
-        hub = not path.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", p)
-        if saved or hub or path.suffix == ".parquet":   # Arrow: a save_to_disk folder, a parquet file, a Hub dataset
-            try: import datasets
-            except ImportError: raise ValueError(f"dpo: reading {p} needs the `datasets` package: pip install datasets") from None
-            try:
-                data = (datasets.load_from_disk(str(path)) if saved else datasets.Dataset.from_parquet(str(path))
-                        if path.suffix == ".parquet" else datasets.load_dataset(p, split=split))
-            except Exception as e:
-                raise ValueError(f"dpo: cannot load {p} ({type(e).__name__}: {str(e)[:200]}); check the name, the split "
-                                 "and your connection.") from None
-            if isinstance(data, datasets.DatasetDict):   # a save_to_disk folder of several splits
-                if split not in data: raise ValueError(f"dpo: {p} has the splits {', '.join(data)}, not {split!r}; pass --split.")
-                data = data[split]
-            return PairDataset(data, resize=size, **columns)
-        return PairDataset(p, resize=size, **columns)
-    return pairs_of
-
-def dpo(
-    model: str = None,         # GLM-Image folder or hub id (required)
-    prompts: str = None,       # a .txt prompts file (with --chosen and --rejected), a .jsonl/.csv/.parquet file or a save_to_disk folder with prompt, chosen and rejected columns, or a Hugging Face dataset id (those columns, or Pick-a-Pic's caption, jpg_0, jpg_1, label_0) (required)
-    chosen: str = None,        # folder of the chosen images named by prompt line (0.png, 1.png, ...), for a .txt prompts file
-    rejected: str = None,      # folder of the rejected images named by prompt line
-    sources: str = None,       # folder of source images named by prompt line (i2i pairs)
-    out: str = "runs/dpo",     # output folder: metrics.jsonl, checkpoints, adapters
-    steps: int = 100,          # optimiser steps in all (a resumed run continues up to this)
-    split: str = "train",      # the split, when --prompts is a Hugging Face dataset
-    ar_lora: int = 16,         # AR LoRA rank
-    dit_lora: int = 16,        # DiT LoRA rank
-    load_in_4bit: bool = False,  # load the base weights in NF4 (QLoRA)
-    resize: bool = False,      # resize the images to height x width instead of refusing other sizes
-    device: str = None,        # torch device (default: the accelerator's, i.e. CUDA if available, one GPU per process)
-    allow_changes: str = "",   # on resume: parts that may differ from the checkpoint (model,adapters,dataset)
-    eval_pairs: str = None,    # held-out pairs (a .jsonl/.csv file or Hugging Face dataset naming its images), evaluated every --eval-every steps
-    init_adapters: str = None, # start from these adapters (e.g. glm-grpo sft's runs/sft/adapters); the reference is them unless --reference-policy base
-    prompt_column: str = "prompt",   # the prompts' column
-    chosen_column: str = "chosen",   # the chosen images' column
-    rejected_column: str = "rejected",  # the rejected images' column
-    **settings,                # DPOConfig settings given as options (--dpo-beta 0.1, --dit-dpo-beta 100, --no-train-dit, ...)
-):
-    "Train a GLM-Image model's adapters on preference pairs (DPO, Diffusion-DPO); resumes from `out` if it holds checkpoints."
-    for name, v in (("--model", model), ("--prompts", prompts)):
-        if not v: raise ValueError(f"dpo: {name} is required.")
-    if bool(chosen) != bool(rejected):
-        raise ValueError("dpo: pass both --chosen DIR and --rejected DIR (an image of each per prompt line), or neither with "
-                         "a prompts file or dataset that names them.")
-    model, allowed = _check_run("dpo", settings.get("eval_every"), model, out, allow_changes, eval_pairs, init_adapters)
-    config = config_of(DPOConfig, {**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before any model work
-    pairs_of = _pair_reader(config, chosen, rejected, sources, split, resize, prompt_column, chosen_column, rejected_column)
-    dataset = pairs_of(prompts)
-    held = pairs_of(eval_pairs, folders=False) if eval_pairs else None
-    if dataset.ties_dropped or dataset.flipped:   # Pick-a-Pic's labels, said before training on them
-        print(f"{len(dataset)} pairs: {dataset.ties_dropped} ties dropped (label_0 0.5), {dataset.flipped} read with "
-              "jpg_1 preferred (label_0 0)", flush=True)
-    _check_sizes("dpo", config, model, dataset, dataset.rejected_data, held, held and held.rejected_data)
-    _check_resume("dpo", out, allowed, dataset)
-    from glm_grpo_nb.dpo_trainer import DPOTrainer
-    accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters)
-    return _fit_run(out, steps, accelerator, evaluate_ends=bool(eval_pairs) and not config.eval_every,
-                    new=lambda: DPOTrainer(policy, dataset, config=config, eval_pairs=held, output_dir=out, accelerator=accelerator),
-                    resume=lambda: DPOTrainer.resume(out, policy, dataset, allow_changes=allowed, output_dir=out,
-                                                     accelerator=accelerator, eval_pairs=held, **settings))
+REWARD_NAMES = ("aesthetic", "clip", "geneval", "hpsv2", "mse", "ocr", "perceptual", "pickscore", "psnr", "redness", "ssim")  # for --help
 
 def __getattr__(name: str):
     "`cli.parse_rewards`, importable as before: it lives in `reward_spec` now, loaded when asked for (it needs torch)."
@@ -465,11 +263,13 @@ def _usage():
     lines += ["", "glm-grpo COMMAND --help shows each command's options."]
     return "\n".join(lines)
 
+def _more_help(name: str) -> dict | None:
+    return {"reward": "; NAME is one of " + ", ".join(REWARD_NAMES)} if name in ("train", "serve-reward") else None
+
 def parser_of(name: str):
     "The argument parser of the command `name`: its function's options, and one per setting where it takes settings."
     func = COMMANDS[name]
-    more = {"reward": "; NAME is one of " + ", ".join(REWARD_NAMES)} if name in ("train", "serve-reward") else None
-    parser = command_parser(func, prog=f"glm-grpo {name}", more_help=more)
+    parser = command_parser(func, prog=f"glm-grpo {name}", more_help=_more_help(name))
     if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(func).parameters.values()):
         config_options(parser, TRAIN_DEFAULTS, SETTINGS[name])
     return parser
@@ -485,11 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOCATOR)   # read when CUDA starts, which is after this
     if name not in COMMANDS:
         print(f"glm-grpo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr); return 2
-    func, parser = COMMANDS[name], parser_of(name)
-    params = inspect.signature(func).parameters
-    takes_settings = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    args = vars(parser.parse_args(_option_style(parser, rest)))
-    fields = {f.name for f in dataclasses.fields(SETTINGS[name])} if takes_settings else set()
-    try: return func(**{k: v for k, v in args.items() if k in params or k in fields}) or 0
+    func = COMMANDS[name]
+    takes_settings = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(func).parameters.values())
+    kwargs = command_kwargs(func, rest, f"glm-grpo {name}", SETTINGS[name] if takes_settings else None, _more_help(name))
+    try: return func(**kwargs) or 0
     except ValueError as e:
         print(f"glm-grpo {name}: {e}", file=sys.stderr); return 2

@@ -5,7 +5,7 @@
 # %% ../nbs/08_demo.ipynb #0a8d0e03
 from __future__ import annotations
 
-from .hub import mark_folder
+from .run_files import mark_folder
 
 # %% auto #0
 __all__ = ['DEMO_PROMPTS', 'demo']

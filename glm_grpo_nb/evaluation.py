@@ -22,7 +22,7 @@ from .benchmarks import BENCHMARKS, benchmark_figures, benchmark_metrics, benchm
 from .benchmarks import format_benchmark, format_metrics  # noqa: F401 (beneath this module and the card)
 from .data import COLUMNS, PromptDataset
 from .geneval import geneval_layout
-from .hub import atomic_write
+from .run_files import atomic_write
 from .image_models import PipelineModel, PolicyModel, _free_memory
 from .ocr import edit_distance, prompt_texts
 from .rewards import reward_name

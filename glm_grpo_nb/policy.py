@@ -13,8 +13,9 @@ import warnings
 from pathlib import Path
 
 from .hub import (AR_LORA_TARGETS, DIT_ADAPTER_FILE, DIT_ADAPTER_PLAIN, DIT_LORA_TARGETS,  # first: it quiets upstream
-                             atomic_folder, check_cpu_dtype, default_device, default_dtype, file_sha256, prefix_lora_keys, quiet_io,
-                             read_adapter, resolve_model)
+                             check_cpu_dtype, default_device, default_dtype, prefix_lora_keys, quiet_io, read_adapter,
+                             resolve_model)
+from .run_files import atomic_folder, file_sha256
 import bitsandbytes as bnb
 import torch
 from fastcore.basics import patch

@@ -210,7 +210,8 @@ def __getattr__(name: str):
 REWARDS = {"mse": "pixel_rewards.MSEReward", "psnr": "pixel_rewards.PSNRReward", "ssim": "pixel_rewards.SSIMReward",
            "redness": "pixel_rewards.RednessReward", "ocr": "ocr.OCRReward", "clip": "model_rewards.CLIPScoreReward",
            "pickscore": "model_rewards.PickScoreReward", "aesthetic": "model_rewards.AestheticReward",
-           "perceptual": "model_rewards.PerceptualReward", "geneval": "geneval.GenEvalReward"}
+           "perceptual": "model_rewards.PerceptualReward", "geneval": "geneval.GenEvalReward",
+           "hpsv2": "preference_rewards.HPSv2Reward"}
 
 def load_reward(name: str, **kwargs) -> Reward:
     "A built-in reward by name; kwargs go to its constructor (model paths, device, ...), every model it names found first."

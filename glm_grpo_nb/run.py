@@ -18,13 +18,13 @@ import torch
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
-from .checkpoint import (checkpoints, damaged, identity_differences, read_checkpoint, read_tensors,
+from .checkpoint import (checkpoints, damaged, read_checkpoint, read_tensors,
                                     resolve_checkpoint, rng_state, run_identity, set_rng_state, truncate_metrics,
                                     write_checkpoint)
 from .config import GRPOConfig, renamed_settings
 from .data import PromptDataset
 from .faults import TrainingStopped, _StopOnSignals
-from .hub import atomic_write, check_run_kind, remove_leftovers
+from .run_files import atomic_write, check_run_kind, refuse_changes, remove_leftovers
 from .flow import concat_trajectories
 from .objectives import OBJECTIVE_CLASSES
 from .policy import GlmImagePolicy, mix_seed, to_host
@@ -390,11 +390,9 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
     dataset = _as_dataset(dataset)
     if overrides.get("init_adapters") is not None: policy.start_from(overrides.pop("init_adapters"))   # part of what must match
     now = run_identity(policy, dataset, reward_fn, overrides.get("ar_reward_fn"), overrides.get("dit_reward_fn"))
-    refused = {k: v for k, v in identity_differences(state.get("run"), now).items() if k not in allow_changes}
-    if refused:   # checked before the trainer exists: a refused resume takes no lock and loads nothing
-        raise ValueError(f"resume: {ckpt} belongs to a run with another " + ", ".join(refused) + ":\n  "
-                         + "\n  ".join(refused.values()) + f"\nResume with what the run was trained with, or pass "
-                         f"allow_changes={tuple(refused)} (glm-grpo: --allow-changes {','.join(refused)}) to continue it anyway.")
+    # checked before the trainer exists: a refused resume takes no lock and loads nothing
+    refuse_changes(f"resume: {ckpt}", state.get("run"), now, allow_changes,
+                   lambda parts: f"pass allow_changes={parts} (glm-grpo: --allow-changes {','.join(parts)})")
     trainer = cls._new(policy, reward_fn, dataset, config=stored, _resuming=True, **overrides)
     groups = [len(g["params"]) for g in opt.get("param_groups", [])]
     if groups != [len(g["params"]) for g in trainer.optimizer.param_groups]:

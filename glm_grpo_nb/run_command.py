@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .hub import RUN_KINDS, check_folder, check_hub_model, check_run_kind, resolve_model
+from .hub import check_hub_model, resolve_model
+from .run_files import RUN_KINDS, check_folder, check_run_kind, checkpoints, refuse_changes
 
 if TYPE_CHECKING: import torch
 
@@ -70,22 +71,16 @@ def _check_run(command: str, eval_every: int, model, out, allow_changes: str, ev
 def _check_resume(command: str, out, allowed: tuple, dataset, reward=None) -> None:
     "Before any model loads: refuse to continue the run in `out` with other data or rewards (the model is compared once loaded)."
     import json
-    from glm_grpo_nb.hub import checkpoints
     found = checkpoints(Path(out) / "checkpoints")
     if not found: return
     try: run = json.loads((found[-1] / "trainer_state.json").read_text()).get("run") or {}
     except (OSError, ValueError, AttributeError): return   # damaged: resuming says which and what to do
-    refused = {}
-    if "dataset" not in allowed and run.get("dataset") not in (None, dataset.fingerprint()):
-        refused["dataset"] = f"dataset fingerprint {run['dataset']} -> {dataset.fingerprint()} (other prompts or images)"
-    if reward is not None and "reward" not in allowed:
+    now = {"dataset": dataset.fingerprint()}
+    if reward is not None:
         from glm_grpo_nb.rewards import reward_name
-        before, now = (run.get("reward") or {}).get("reward_fn"), reward_name(reward)
-        if before not in (None, now): refused["reward"] = f"rewards: reward_fn {before!r} -> {now!r}"
-    if refused:
-        raise ValueError(f"{command}: --out {out} holds a run with another {', '.join(refused)}:\n  " + "\n  ".join(refused.values())
-                         + f"\nRun it with what it was trained with, pass --allow-changes {','.join(refused)} to continue it "
-                         "anyway, or use another --out.")
+        now["reward"] = {"reward_fn": reward_name(reward)}
+    refuse_changes(f"{command}: --out {out}", run, now, allowed,
+                   lambda parts: f"pass --allow-changes {','.join(parts)} (or use another --out)")
 
 def _data_reader(config, targets, sources, split, resize, prompt_column, target_column, source_column):
     "data_of(path, what): a PromptDataset from a prompts file or folder (the training data with --targets/--sources) or a hub id."

@@ -17,7 +17,8 @@ from fastcore.basics import patch
 
 from .checkpoint import checkpoints
 from .data import PromptDataset, open_image
-from .hub import RunLock, atomic_write, mark_folder, model_size, same_device
+from .hub import model_size, same_device
+from .run_files import RunLock, atomic_write, mark_folder
 
 # %% auto #0
 __all__ = ['RUN_CONFIG', 'PACKAGES', 'RunSetup', 'default_size', 'check_image_sizes']

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
-from .hub import (DEFAULT_SIZE, MODEL_INDEX, atomic_folder, check_cpu_dtype, check_folder, compute_dtype,
-                            quiet_io)   # first: it quiets upstream's harmless notices
+from .hub import DEFAULT_SIZE, MODEL_INDEX, check_cpu_dtype, compute_dtype, quiet_io   # first: it quiets upstream's harmless notices
+from .run_files import atomic_folder, check_folder
 from tokenizers import AddedToken, Tokenizer, models
 from transformers import (ByT5Tokenizer, GlmImageConfig, GlmImageForConditionalGeneration, GlmImageProcessor,
                           PreTrainedTokenizerFast, T5Config, T5EncoderModel)
@@ -22,7 +22,8 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTr
 # %% auto #0
 __all__ = ['RELEASE_IDS', 'RELEASE_PIXELS', 'TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS',
            'make_random_glm_image', 'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'make_tiny_vlm',
-           'color_rgb', 'palette_codes', 'codes_image', 'synthetic_scene', 'scene_pair', 'render_sign']
+           'make_tiny_hpsv2', 'color_rgb', 'palette_codes', 'codes_image', 'synthetic_scene', 'scene_pair',
+           'render_sign']
 
 # %% ../nbs/05a_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -319,6 +320,45 @@ def make_tiny_vlm(path: str | Path, seed: int = 0) -> Path:
                           tokenizer=tok, chat_template=template, patch_size=8, vision_feature_select_strategy="default",
                           num_additional_image_tokens=1)
     return _save_atomically(path, [model, proc])
+
+# %% ../nbs/05a_tiny.ipynb #3a29c1f2
+def _clip_bpe_files(folder: Path, merges: list[tuple[str, str]]) -> None:
+    "vocab.json and merges.txt in CLIP's layout: 256 byte symbols, each again with </w>, the merges' words, then the two specials."
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]   # byte-level BPE's other bytes, shifted past 255 in order
+    symbols = [chr(b) for b in printable] + [chr(256 + i) for i in range(len(rest))]
+    words = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
+    (folder / "vocab.json").write_text(json.dumps({w: i for i, w in enumerate(words)}, ensure_ascii=False))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+
+def make_tiny_hpsv2(path: str | Path, seed: int = 0, width: int = 32, layers: int = 1, patch: int = 7, image_size: int = 28,
+                    context: int = 16, embed: int = 16) -> Path:
+    "A tiny random HPSv2 at `path`: an open_clip ViT state dict in `HPS_v2.1_compressed.pt` (as HPSv2 saves it) and CLIP's BPE in tokenizer/."
+    from transformers import CLIPTokenizer
+    merges = [("c", "a"), ("ca", "t</w>"), ("r", "e"), ("re", "d</w>"), ("d", "o"), ("do", "g</w>")]
+    vocab = 512 + len(merges) + 2
+    shapes = {"class_embedding": (width,), "positional_embedding": ((image_size // patch) ** 2 + 1, width),
+              "conv1.weight": (width, 3, patch, patch), "proj": (width, embed)}
+    text = {"token_embedding.weight": (vocab, width), "positional_embedding": (context, width), "text_projection": (width, embed)}
+    block = {"ln_1.weight": (width,), "ln_1.bias": (width,), "attn.in_proj_weight": (3 * width, width), "attn.in_proj_bias": (3 * width,),
+             "attn.out_proj.weight": (width, width), "attn.out_proj.bias": (width,), "ln_2.weight": (width,), "ln_2.bias": (width,),
+             "mlp.c_fc.weight": (4 * width, width), "mlp.c_fc.bias": (4 * width,), "mlp.c_proj.weight": (width, 4 * width),
+             "mlp.c_proj.bias": (width,)}
+    for i in range(layers): shapes |= {f"transformer.resblocks.{i}.{k}": s for k, s in block.items()}
+    shapes = {f"visual.{k}": s for k, s in shapes.items()} | {f"visual.{n}.{k}": (width,) for n in ("ln_pre", "ln_post") for k in ("weight", "bias")}
+    shapes |= text | {f"transformer.resblocks.{i}.{k}": s for i in range(layers) for k, s in block.items()}
+    shapes |= {f"ln_final.{k}": (width,) for k in ("weight", "bias")}
+    g = torch.Generator().manual_seed(seed)
+    state = {k: (1 + 0.1 * torch.randn(s, generator=g) if k.endswith(("ln_1.weight", "ln_2.weight", "ln_pre.weight", "ln_post.weight", "ln_final.weight"))
+                 else 0.2 * torch.randn(s, generator=g)) for k, s in shapes.items()}
+    state["logit_scale"] = torch.tensor(4.6052)
+    path = Path(path).expanduser()
+    with atomic_folder(path, "model", "make_tiny") as tmp:
+        torch.save({"state_dict": state}, tmp / "HPS_v2.1_compressed.pt")
+        (tmp / "tokenizer").mkdir()
+        _clip_bpe_files(tmp / "tokenizer", merges)
+        with quiet_io(): CLIPTokenizer(str(tmp / "tokenizer" / "vocab.json"), str(tmp / "tokenizer" / "merges.txt")).save_pretrained(tmp / "tokenizer")
+    return path
 
 # %% ../nbs/05a_tiny.ipynb #99cce612
 LEVELS = np.array([0, 85, 170, 255])

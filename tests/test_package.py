@@ -11,7 +11,7 @@ SCRIPT = textwrap.dedent('''
     from diffusers import GlmImagePipeline
     from glm_grpo_nb.loss import group_advantages, clipped_surrogate, kl_k3, gaussian_kl, aggregate
     from glm_grpo_nb.tiny import make_tiny_glm_image
-    from glm_grpo_nb.hub import folder_digest
+    from glm_grpo_nb.run_files import folder_digest
 
     adv, m = group_advantages(torch.tensor([0., 1., 2., 2.]), group_size=2)
     assert adv[2] == 0 and adv[3] == 0 and m["zero_std_fraction"] == 0.5 and adv[0] < 0 < adv[1]
