@@ -110,7 +110,7 @@ def test_one_live_trainer_per_output_dir(new_trainer, tmp_path):
     """Another process holding the folder makes a new trainer fail; once it is gone its stale lock is taken over. In one
     process the newer trainer takes over and the older stops writing. A new run on a folder holding a run is refused."""
     busy = tmp_path / "busy_run"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from glm_grpo_nb.hub import RunLock, mark_folder; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from glm_grpo_nb.run_files import RunLock, mark_folder; "
                                "l = RunLock(mark_folder(sys.argv[1], 'run')); print('locked', flush=True); time.sleep(300)",
                                str(busy)], stdout=subprocess.PIPE, text=True)
     try:
