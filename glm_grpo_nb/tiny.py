@@ -22,8 +22,8 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTr
 # %% auto #0
 __all__ = ['RELEASE_IDS', 'RELEASE_PIXELS', 'TINY_WEIGHTS_SHA256', 'LEVELS', 'PALETTE', 'COLOR_NAMES', 'WORDS',
            'make_random_glm_image', 'make_tiny_glm_image', 'make_tiny_clip', 'make_tiny_ocr', 'make_tiny_vlm',
-           'make_tiny_hpsv2', 'color_rgb', 'palette_codes', 'codes_image', 'synthetic_scene', 'scene_pair',
-           'render_sign']
+           'make_tiny_hpsv2', 'make_tiny_imagereward', 'color_rgb', 'palette_codes', 'codes_image', 'synthetic_scene',
+           'scene_pair', 'render_sign']
 
 # %% ../nbs/05a_tiny.ipynb #ceea39e1
 _SPECIALS = ["<|image|>", "<sop>", "<eop>", "<|user|>", "<pad>", "<unk>"]
@@ -358,6 +358,56 @@ def make_tiny_hpsv2(path: str | Path, seed: int = 0, width: int = 32, layers: in
         (tmp / "tokenizer").mkdir()
         _clip_bpe_files(tmp / "tokenizer", merges)
         with quiet_io(): CLIPTokenizer(str(tmp / "tokenizer" / "vocab.json"), str(tmp / "tokenizer" / "merges.txt")).save_pretrained(tmp / "tokenizer")
+    return path
+
+# %% ../nbs/05a_tiny.ipynb #531619c5
+def make_tiny_imagereward(path: str | Path, seed: int = 0, width: int = 64, hidden: int = 32, layers: int = 1, patch: int = 8,
+                          image_size: int = 32, max_positions: int = 40) -> Path:
+    "A tiny random ImageReward at `path`: BLIP's state dict in `ImageReward.pt` (as its authors save it), `med_config.json`, a WordPiece tokenizer/."
+    from transformers import BertTokenizer
+    words = ["red", "cube", "cat", "dog", "sign", "the", "on", "of", "and", "reads", "photo"]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *"abcdefghijklmnopqrstuvwxyz0123456789.,!?'\"&-:;()",
+             *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789")]
+    n_vocab = len(vocab) + 2   # and BLIP's [DEC] and [ENC]
+    med = {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+           "hidden_size": hidden, "initializer_range": 0.02, "intermediate_size": 2 * hidden, "layer_norm_eps": 1e-12,
+           "max_position_embeddings": max_positions, "model_type": "bert", "num_attention_heads": 2, "num_hidden_layers": layers,
+           "pad_token_id": 0, "type_vocab_size": 2, "vocab_size": n_vocab, "encoder_width": width, "add_cross_attention": True}
+    shapes = {"cls_token": (1, 1, width), "pos_embed": (1, (image_size // patch) ** 2 + 1, width),
+              "patch_embed.proj.weight": (width, 3, patch, patch), "patch_embed.proj.bias": (width,)}
+    for i in range(layers):
+        shapes |= {f"blocks.{i}.{k}": s for k, s in {"attn.qkv.weight": (3 * width, width), "attn.qkv.bias": (3 * width,),
+                   "attn.proj.weight": (width, width), "attn.proj.bias": (width,), "mlp.fc1.weight": (4 * width, width),
+                   "mlp.fc1.bias": (4 * width,), "mlp.fc2.weight": (width, 4 * width), "mlp.fc2.bias": (width,)}.items()}
+        shapes |= {f"blocks.{i}.{n}.{k}": (width,) for n in ("norm1", "norm2") for k in ("weight", "bias")}
+    shapes = {f"blip.visual_encoder.{k}": s for k, s in shapes.items()} | {f"blip.visual_encoder.norm.{k}": (width,) for k in ("weight", "bias")}
+    text = {"embeddings.word_embeddings.weight": (n_vocab, hidden), "embeddings.position_embeddings.weight": (max_positions, hidden)}
+    text |= {f"embeddings.LayerNorm.{k}": (hidden,) for k in ("weight", "bias")}
+    for i in range(layers):
+        p = f"encoder.layer.{i}."
+        for att, kv in (("attention", hidden), ("crossattention", width)):
+            text |= {f"{p}{att}.self.query.weight": (hidden, hidden), f"{p}{att}.self.query.bias": (hidden,)}
+            text |= {f"{p}{att}.self.{n}.weight": (hidden, kv) for n in ("key", "value")} | {f"{p}{att}.self.{n}.bias": (hidden,) for n in ("key", "value")}
+            text |= {f"{p}{att}.output.dense.weight": (hidden, hidden), f"{p}{att}.output.dense.bias": (hidden,)}
+            text |= {f"{p}{att}.output.LayerNorm.{k}": (hidden,) for k in ("weight", "bias")}
+        text |= {f"{p}intermediate.dense.weight": (2 * hidden, hidden), f"{p}intermediate.dense.bias": (2 * hidden,),
+                 f"{p}output.dense.weight": (hidden, 2 * hidden), f"{p}output.dense.bias": (hidden,)}
+        text |= {f"{p}output.LayerNorm.{k}": (hidden,) for k in ("weight", "bias")}
+    shapes |= {f"blip.text_encoder.{k}": s for k, s in text.items()}
+    shapes |= {"blip.vision_proj.weight": (16, width), "blip.vision_proj.bias": (16,), "blip.text_proj.weight": (16, hidden), "blip.text_proj.bias": (16,)}
+    dims = [hidden, 16, 8, 4, 2, 1]
+    for j, (i, o) in zip((0, 2, 4, 6, 7), zip(dims, dims[1:])): shapes |= {f"mlp.layers.{j}.weight": (o, i), f"mlp.layers.{j}.bias": (o,)}
+    g = torch.Generator().manual_seed(seed)
+    norm = ("norm1.weight", "norm2.weight", "norm.weight", "LayerNorm.weight")
+    state = {k: (1 + 0.1 * torch.randn(s, generator=g) if k.endswith(norm) else 0.2 * torch.randn(s, generator=g)) for k, s in shapes.items()}
+    state["blip.text_encoder.embeddings.position_ids"] = torch.arange(max_positions)[None]   # a buffer BLIP saves too
+    path = Path(path).expanduser()
+    with atomic_folder(path, "model", "make_tiny") as tmp:
+        torch.save(state, tmp / "ImageReward.pt")
+        (tmp / "med_config.json").write_text(json.dumps(med, indent=2))
+        (tmp / "tokenizer").mkdir()
+        (tmp / "tokenizer" / "vocab.txt").write_text("\n".join(vocab) + "\n")
+        with quiet_io(): BertTokenizer(str(tmp / "tokenizer" / "vocab.txt")).save_pretrained(tmp / "tokenizer")
     return path
 
 # %% ../nbs/05a_tiny.ipynb #99cce612
