@@ -211,7 +211,8 @@ REWARDS = {"mse": "pixel_rewards.MSEReward", "psnr": "pixel_rewards.PSNRReward",
            "redness": "pixel_rewards.RednessReward", "ocr": "ocr.OCRReward", "clip": "model_rewards.CLIPScoreReward",
            "pickscore": "model_rewards.PickScoreReward", "aesthetic": "model_rewards.AestheticReward",
            "perceptual": "model_rewards.PerceptualReward", "geneval": "geneval.GenEvalReward",
-           "hpsv2": "preference_rewards.HPSv2Reward", "imagereward": "preference_rewards.ImageRewardReward"}
+           "hpsv2": "preference_rewards.HPSv2Reward", "imagereward": "preference_rewards.ImageRewardReward",
+           "unifiedreward": "served.UnifiedRewardJudge"}
 
 def load_reward(name: str, **kwargs) -> Reward:
     "A built-in reward by name; kwargs go to its constructor (model paths, device, ...), every model it names found first."

@@ -22,9 +22,9 @@ from .rewards import (NonFiniteRewardError, Reward, RewardOutput, RewardServiceE
                                  columns_for, evaluate_reward, reward_columns, reward_name, validate_scores)
 
 # %% auto #0
-__all__ = ['TOKEN_ENV', 'MAX_PIXELS', 'MAX_IMAGES', 'REWARD_WAIT', 'JUDGE_QUESTIONS', 'listen_token', 'png_base64', 'TooLarge',
-           'image_from_base64', 'reward_app', 'RewardServer', 'serve_reward', 'serve_app', 'http_request',
-           'RemoteReward', 'VLMJudgeReward']
+__all__ = ['TOKEN_ENV', 'MAX_PIXELS', 'MAX_IMAGES', 'REWARD_WAIT', 'JUDGE_QUESTIONS', 'UNIFIEDREWARD_QUESTION', 'listen_token',
+           'png_base64', 'TooLarge', 'image_from_base64', 'reward_app', 'RewardServer', 'serve_reward', 'serve_app',
+           'http_request', 'RemoteReward', 'VLMJudgeReward', 'UnifiedRewardJudge']
 
 # %% ../nbs/02d_served.ipynb #9160d41b
 TOKEN_ENV = "GLM_GRPO_REWARD_TOKEN"   # where serve_reward and RemoteReward look for the token when none is passed
@@ -406,3 +406,28 @@ def _ask(self, image: Image.Image, prompt: str):
         raise RewardServiceError(f"{what} answered something that is not a chat completion: {r.text[:200]!r}") from None
     return self.read_score(choice), ((choice.get("message") or {}).get("content") or "")
 
+
+# %% ../nbs/02d_served.ipynb #dc0ca88f
+UNIFIEDREWARD_QUESTION = (   # UnifiedReward's point-score question for image generation, as its authors' inference script asks it
+    "You are given a text caption and a generated image based on that caption. Your task is to evaluate this image based "
+    "on two key criteria:\n1. Alignment with the Caption: Assess how well this image aligns with the provided caption. "
+    "Consider the accuracy of depicted objects, their relationships, and attributes as described in the caption.\n2. "
+    "Overall Image Quality: Examine the visual quality of this image, including clarity, detail preservation, color "
+    "accuracy, and overall aesthetic appeal.\nExtract key elements from the provided text caption, evaluate their presence "
+    "in the generated image using the format: 'element (type): value' (where value=0 means not generated, and value=1 "
+    "means generated), and assign a score from 1 to 5 after 'Final Score:'.\nYour task is provided as follows:\n"
+    "Text Caption: [{prompt}]")
+
+class UnifiedRewardJudge(VLMJudgeReward):
+    "UnifiedReward through an OpenAI-compatible server: its authors' question, 'Final Score: x' (1-5) divided by 5 as Flow-GRPO does."
+    def __init__(self, base_url: str = "http://127.0.0.1:8080/v1", model: str = "CodeGoat24/UnifiedReward-qwen-7b",
+                 question: str = UNIFIEDREWARD_QUESTION, max_tokens: int = 512, unparsed_score: float = 0.0,
+                 api_key: str | None = None, max_workers: int = 8, timeout: float = 300.0, wait: float = REWARD_WAIT):
+        super().__init__(base_url, model, question=question, answer="scale", scale=(1, 5), api_key=api_key, logprobs=False,
+                         max_tokens=max_tokens, max_workers=max_workers, timeout=timeout, wait=wait,
+                         unparsed_score=unparsed_score, name="unifiedreward")
+
+    def read_score(self, choice) -> float | None:
+        "The number after 'Final Score:' (1 to 5), divided by 5; None where the answer has none."
+        found = re.search(r"Final Score:\s*([1-5](?:\.\d+)?)", (choice.get("message") or {}).get("content") or "")
+        return None if found is None else float(found.group(1)) / 5.0
