@@ -71,6 +71,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'glm_grpo_nb.cli': { 'glm_grpo_nb.cli.__getattr__': ('cli.html#__getattr__', 'glm_grpo_nb/cli.py'),
                                  'glm_grpo_nb.cli._flags': ('cli.html#_flags', 'glm_grpo_nb/cli.py'),
                                  'glm_grpo_nb.cli._more_help': ('cli.html#_more_help', 'glm_grpo_nb/cli.py'),
+                                 'glm_grpo_nb.cli._reward_bytes': ('cli.html#_reward_bytes', 'glm_grpo_nb/cli.py'),
                                  'glm_grpo_nb.cli._usage': ('cli.html#_usage', 'glm_grpo_nb/cli.py'),
                                  'glm_grpo_nb.cli.evaluate': ('cli.html#evaluate', 'glm_grpo_nb/cli.py'),
                                  'glm_grpo_nb.cli.generate': ('cli.html#generate', 'glm_grpo_nb/cli.py'),

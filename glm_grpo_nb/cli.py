@@ -145,6 +145,19 @@ def _flags(change: dict) -> str:
 _TRAINED = {f.name: f.default for f in dataclasses.fields(GRPOConfig)} | TRAIN_DEFAULTS
 _TRAIN = inspect.signature(train).parameters
 
+def _reward_bytes(reward: str) -> dict[str, int]:
+    "{name: bytes} of the built-in rewards in a --reward string (servers' URLs and rewards of your own: none here)."
+    from glm_grpo_nb.hub import package_object
+    from glm_grpo_nb.rewards import REWARDS
+    out = {}
+    for part in filter(None, (p.strip() for p in (reward or "").split(","))):
+        name = part if part.startswith(("http://", "https://")) else part.split("=", 1)[0]
+        if name in REWARDS: out[name] = package_object(REWARDS[name]).model_bytes
+        elif "://" not in name and ":" not in name:
+            raise ValueError(f"plan: --reward {name!r} is not a built-in reward ({', '.join(sorted(REWARDS))}); a served or own "
+                             "reward's model is not counted here (pass --reward-model-params for one on this GPU).")
+    return out
+
 def plan(
     height: int = 1024,        # image height
     width: int = 1024,         # image width
@@ -162,7 +175,8 @@ def plan(
     dit_objective: str = _TRAINED["dit_objective"],  # the DiT's objective (as glm-grpo train's --dit-objective)
     decode_batch: int = _TRAINED["decode_batch"],  # images the VAE decodes at once
     sampling_copy: bool = True,  # a copy of the AR's language model samples the tokens (fast; about 18 GB under 4-bit)
-    reward_model_params: int = 0,  # parameters of reward models on the GPU
+    reward_model_params: int = 0,  # parameters of reward models of your own on the GPU, in the compute dtype
+    reward: str = "",          # the run's rewards, as train's --reward (NAME[=WEIGHT],...): each built-in's model counted on this GPU
     source_images: int = 0,    # i2i: source images per prompt (0: t2i)
     ar_sample_batch: int = _TRAINED["ar_sample_batch"],  # samples the AR draws at once (default: all)
     dit_sample_batch: int = _TRAINED["dit_sample_batch"],  # samples the DiT denoises at once (default: all)
@@ -175,13 +189,15 @@ def plan(
 ):
     "Predict the peak GPU memory of GRPO (or of supervised fine-tuning) on the real GLM-Image, and what to change if it does not fit (exit 1)."
     check_image_size(height, width, "plan: --height/--width")
+    reward_bytes = _reward_bytes(reward)
     from glm_grpo_nb.memory import plan as make_plan
     p = make_plan(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step,
                   load_in_4bit=load_in_4bit, lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing,
                   micro_batch_size=micro_batch_size, updates_per_batch=updates_per_batch,
                   num_inference_steps=num_inference_steps, sde_window=sde_window,
                   guidance_scale=guidance_scale, dit_objective=dit_objective, decode_batch=decode_batch, sampling_copy=sampling_copy,
-                  reward_model_params=reward_model_params, source_images=source_images, ar_sample_batch=ar_sample_batch,
+                  reward_model_params=reward_model_params, reward_model_bytes=sum(reward_bytes.values()),
+                  source_images=source_images, ar_sample_batch=ar_sample_batch,
                   dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts, budget_gb=budget_gb,
                   sft_timesteps=sft_timesteps if sft else None, dpo_timesteps=dpo_timesteps if dpo else None)
     p.suggestions = [_flags(ch) for ch in p.changes] + p.suggestions[len(p.changes):]   # as options of this command
@@ -193,6 +209,7 @@ def plan(
         recipe = GRPOConfig(dit_objective=dit_objective, prompts_per_step=prompts_per_step)   # what train resolves it to
         from glm_grpo_nb.objectives import objective_class
         print(f"{dit_objective}'s recipe: " + ", ".join(f"{k}={getattr(recipe, k)!r}" for k in objective_class(dit_objective).defaults))
+    if reward_bytes: print("reward models on this GPU: " + ", ".join(f"{n} {b / 1e9:.2f} GB" for n, b in reward_bytes.items()))
     print(p)
     return 0 if p.fits else 1
 

@@ -399,6 +399,7 @@ def _scorer(plugged, weights: str) -> str:
 class GenEvalReward(Reward):
     "GenEval's verdict on each image from its prompt's metadata (the columns tag, include, exclude)."
     name, model_options = "geneval", ("model", "clip_model")
+    model_bytes = (69_000_000 + 427_616_513) * 4   # about: Mask2Former Swin-S and CLIP ViT-L/14, in float32
     def __init__(self, reward_type: str = "score", detector=None, color_of=None, model: str = DETECTOR,
                  clip_model: str = CLIP_MODEL, device=None, dtype=None):
         # detector: image -> detections (default: Mask2FormerDetector(model)); color_of: (image, label, detections) ->

@@ -117,7 +117,7 @@ class MemoryPlan:
 def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, lora_rank, train, gradient_checkpointing,
               micro_batch_size, num_inference_steps, sde_window, guidance_scale, dtype_bytes, reward_model_params, prompt_len, decode_batch,
               sampling_copy, dit_objective="flow_grpo", source_images=0, ar_sample_batch=None, dit_sample_batch=None,
-              eval_prompts=0, updates_per_batch=None, sft_timesteps=None, pairs=False):
+              eval_prompts=0, updates_per_batch=None, sft_timesteps=None, pairs=False, reward_model_bytes=0):
     # sft_timesteps: an SFT step (glm_grpo_nb.sft) with that many noise levels per target, instead of a GRPO step;
     # pairs: a DPO step (both images of each pair), whose noise levels are dpo_timesteps
     sft = sft_timesteps is not None
@@ -180,7 +180,7 @@ def _estimate(mods, height, width, group_size, prompts_per_step, load_in_4bit, l
         factors = lora_params(ar, AR_LORA_TARGETS, lora_rank) * 4 if train in ("ar", "both") else 0
         resident["sampling copy (AR language model)"] = dense + biases + factors
         resident["sampling copy's KV cache"] = kv_cache
-    if not sft: resident["reward models"] = reward_model_params * dtype_bytes
+    if not sft: resident["reward models"] = reward_model_params * dtype_bytes + reward_model_bytes
     # an NF4 layer's matmul dequantises its whole weight in the compute dtype (in forward, and again in backward)
     deq = lambda m, sel: dtype_bytes * max(l.in_features * l.out_features for n, l in m.named_modules()
                                            if isinstance(l, torch.nn.Linear) and sel(n, l)) if load_in_4bit else 0
@@ -235,7 +235,8 @@ def plan(
     guidance_scale: float | None = TRAINED["guidance_scale"],     # None: the objective's, as the trainer resolves it
     dit_objective: str = TRAINED["dit_objective"],   # the DiT's objective: a name in objectives.OBJECTIVES, or an Objective
     dtype: str = "bfloat16",                 # compute dtype
-    reward_model_params: int = 0,            # parameters of reward models on the GPU (e.g. 428_000_000 for CLIP-L)
+    reward_model_params: int = 0,            # parameters of reward models on the GPU (e.g. 428_000_000 for CLIP-L), in `dtype`
+    reward_model_bytes: int = 0,             # bytes of reward models on the GPU in their own dtypes (glm-grpo plan --reward counts them)
     prompt_len: int = 128,                   # prompt tokens
     decode_batch: int = TRAINED["decode_batch"],         # images the VAE decodes at once (GRPOConfig.decode_batch)
     sampling_copy: bool = True,              # the copy of the AR's language model that samples tokens
@@ -277,7 +278,7 @@ def plan(
                 reward_model_params=reward_model_params, prompt_len=prompt_len, decode_batch=decode_batch,
                 sampling_copy=sampling_copy, dit_objective=dit_objective, source_images=source_images,
                 ar_sample_batch=ar_sample_batch, dit_sample_batch=dit_sample_batch, eval_prompts=eval_prompts,
-                updates_per_batch=updates_per_batch, sft_timesteps=sft_timesteps, pairs=pairs)
+                updates_per_batch=updates_per_batch, sft_timesteps=sft_timesteps, pairs=pairs, reward_model_bytes=reward_model_bytes)
     for name, v in (("source_images", source_images), ("eval_prompts", eval_prompts)):
         if not isinstance(v, int) or v < 0: raise ValueError(f"plan: {name} must be an int >= 0, got {v!r}.")
     p = MemoryPlan(*_estimate(mods, **args), budget=int(budget_gb * GB))

@@ -39,6 +39,7 @@ class _ModelReward(Reward):
 class CLIPScoreReward(_ModelReward):
     "Cosine similarity of CLIP image and prompt embeddings (times the logit scale if `logit_scale=True`)."
     name, model_options = "clip", ("model", "processor")
+    model_bytes = 427_616_513 * 4   # CLIP ViT-L/14 in float32
     def __init__(self, model: str = "openai/clip-vit-large-patch14", processor: str | None = None, device=None,
                  dtype=None, batch_size: int = 32, logit_scale: bool = False):
         from transformers import AutoModel, AutoProcessor
@@ -67,7 +68,7 @@ class CLIPScoreReward(_ModelReward):
 
 class PickScoreReward(CLIPScoreReward):
     "PickScore: CLIP-H fine-tuned on human preferences; similarity times the logit scale."
-    name = "pickscore"
+    name, model_bytes = "pickscore", 986_109_441 * 4   # CLIP ViT-H/14 in float32
     def __init__(self, model: str = "yuvalkirstain/PickScore_v1", processor: str | None = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
                  device=None, dtype=None, batch_size: int = 32):
         super().__init__(model, processor, device, dtype, batch_size, logit_scale=True)
@@ -129,7 +130,7 @@ class AestheticReward(CLIPScoreReward):
 class PerceptualReward(_ModelReward):
     "Cosine similarity of backbone features of image and target."
     model_options = ("model", "processor")
-    name, needs_targets = "perceptual", True
+    name, needs_targets, model_bytes = "perceptual", True, 21_629_184 * 4   # DINOv2-S in float32
     def __init__(self, model: str = "facebook/dinov2-small", processor: str | None = None, device=None, dtype=None, batch_size: int = 32):
         from transformers import AutoImageProcessor, AutoModel
         self.processor = AutoImageProcessor.from_pretrained(processor or model)

@@ -129,6 +129,7 @@ def _hps_checkpoint(checkpoint: str, version: str) -> dict:
 class HPSv2Reward(Reward):
     "HPSv2 (2.1 by default): cosine similarity of the preference-tuned CLIP-H's image and prompt features, as HPSv2's `score`."
     name, model_options = "hpsv2", ("checkpoint", "tokenizer")
+    model_bytes = 986_109_441 * 4   # ViT-H-14 in float32
     def __init__(self, checkpoint: str = "xswu/HPSv2", version: str = "v2.1",
                  tokenizer: str = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K", device=None, dtype=None, batch_size: int = 16,
                  heads: tuple[int, int] = (16, 16)):   # heads: (vision, text), not stored in the checkpoint; ViT-H-14's
@@ -201,6 +202,7 @@ def _imagereward_files(checkpoint: str, med_config: str | None) -> tuple[Path, P
 class ImageRewardReward(Reward):
     "ImageReward: BLIP's ViT and its text encoder crossing into the image, an MLP on [CLS], normalised as its authors' `score`."
     name, model_options = "imagereward", ("checkpoint", "med_config", "tokenizer")
+    model_bytes = 446_206_689 * 4   # BLIP ViT-L, BERT-base with cross-attention and the MLP, in float32
     def __init__(self, checkpoint: str = "THUDM/ImageReward", med_config: str | None = None, tokenizer: str = "bert-base-uncased",
                  device=None, dtype=None, batch_size: int = 16, max_length: int = 35):
         import json

@@ -33,6 +33,7 @@ class Reward(ABC):
     needs_targets: bool = False
     needs_sources: bool = False
     model_options: tuple[str, ...] = ()   # its constructor's arguments that name a model to load (a path or hub id)
+    model_bytes: int = 0   # GPU memory of its default weights in its default dtype (what glm-grpo plan --reward counts)
 
     @abstractmethod
     def score(self, images, prompts, targets=None, sources=None) -> torch.Tensor:
