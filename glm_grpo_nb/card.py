@@ -21,10 +21,11 @@ __all__ = ['CARD_TAGS', 'model_card', 'ModelCard', 'add_evaluation', 'push_adapt
 # %% ../nbs/06c_card.ipynb #e1c4d0de
 CARD_TAGS = ("glm-image", "lora", "grpo", "reinforcement-learning", "glm_grpo_nb")
 
-def _reward_parts(fn) -> list[tuple[str, float]]:
-    "(name, weight) of a reward, or of each part of a combination."
+def _reward_parts(fn) -> list[tuple[str, float, str]]:
+    "(name, weight, the weights it loaded) of a reward, or of each part of a combination."
     parts = getattr(fn, "parts", None)
-    return [(n, w) for n, _, w in parts] if parts else [(reward_name(fn), 1.0)]
+    loaded = lambda r: ", ".join(f"`{v}`" for v in (getattr(r, "weights_from", None) or {}).values())
+    return [(n, w, loaded(r)) for n, r, w in parts] if parts else [(reward_name(fn), 1.0, loaded(fn))]
 
 def _lora(model) -> str:
     cfg = getattr(model, "peft_config", {}).get("default") if model is not None else None
@@ -97,8 +98,8 @@ def _grpo_training(trainer, base: str) -> tuple[str, tuple[str, ...], list[str]]
              f"per step and process, {trainer.accelerator.num_processes} process(es)), {_setup(trainer)}" + began, "",
              "| half | trained with | LoRA | learning rate |", "|---|---|---|---|",
              *[f"| {h} | {o} | {l} | {r:g} |" for h, o, l, r in halves], "",
-             "## Rewards", "", "| reward | weight | scores |", "|---|---|---|",
-             *[f"| {n} | {w:g} | {who} |" for who, fn in rewards for n, w in _reward_parts(fn)], ""]
+             "## Rewards", "", "| reward | weight | scores | from |", "|---|---|---|---|",
+             *[f"| {n} | {w:g} | {who} | {src} |" for who, fn in rewards for n, w, src in _reward_parts(fn)], ""]
     return f"GLM-Image adapters trained with {method}", CARD_TAGS, lines
 
 def _online_method(c) -> tuple[str, str]:

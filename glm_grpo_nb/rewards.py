@@ -223,9 +223,11 @@ def load_reward(name: str, **kwargs) -> Reward:
     cls = package_object(REWARDS[name])
     kwargs = _reward_options(cls, name, kwargs)
     for option, source in cls.model_sources(kwargs).items():   # before anything loads or any image is made
-        flag = f"--reward-models {name}=PATH" if option == "model" else f"--reward-models {name}.{option}=PATH"
+        flag = f"--reward-models {name}=PATH" if option == cls.model_options[0] else f"--reward-models {name}.{option}=PATH"
         check_model_source(source, f"reward {name!r}: its {option} ({flag}, or {option}= in Python)")
-    return cls(**kwargs)
+    reward = cls(**kwargs)
+    reward.weights_from = cls.model_sources(kwargs)   # what it loaded, {option: path or hub id}: the card names it
+    return reward
 
 def _reward_options(cls, name: str, kwargs: dict) -> dict:
     "`kwargs` for reward `name`'s constructor: an option it does not take refused with those it does; numbers given as text made numbers."
@@ -323,8 +325,9 @@ def reward_models(spec: str) -> dict[str, str]:
     return out
 
 def reward_kwargs(name: str, models: dict) -> dict:
-    "What `load_reward(name)` is given from `reward_models`: NAME=PATH as model=PATH, NAME.OPTION=VALUE as option=VALUE."
-    kwargs = {"model": models[name]} if name in models else {}
+    "What `load_reward(name)` is given from `reward_models`: NAME=PATH as its first model option (model=, checkpoint=), NAME.OPTION=VALUE as option=VALUE."
+    first = package_object(REWARDS[name]).model_options[:1] if name in REWARDS else ()
+    kwargs = {(first or ("model",))[0]: models[name]} if name in models else {}
     return {**kwargs, **{k.split(".", 1)[1]: v for k, v in models.items() if k.startswith(name + ".")}}
 
 def check_reward_rows(reward, dataset, where: str = "reward") -> None:

@@ -1,0 +1,41 @@
+"HPSv2 and ImageReward from the command line: evaluated as metrics, and a missing checkpoint named before the model loads."
+import csv
+import json
+
+import torch
+from PIL import Image
+
+from test_cli import run
+
+
+def test_evaluate_scores_with_hpsv2_and_imagereward(glm_grpo, tiny_path, tmp_path):
+    from glm_grpo_nb.preference_rewards import HPSv2Reward, ImageRewardReward
+    from glm_grpo_nb.tiny import make_tiny_hpsv2, make_tiny_imagereward
+    hps, ir = make_tiny_hpsv2(tmp_path / "hps"), make_tiny_imagereward(tmp_path / "ir")
+    (tmp_path / "prompts.txt").write_text("a red cube\na dog on a sign\n")
+    models = f"hpsv2={hps},hpsv2.tokenizer={hps / 'tokenizer'},imagereward={ir},imagereward.tokenizer={ir / 'tokenizer'}"
+    e = run(glm_grpo, "evaluate", "--model", str(tiny_path), "--prompts", str(tmp_path / "prompts.txt"), "--metrics",
+            "hpsv2,imagereward", "--reward-models", models, "--samples-per-prompt", "2", "--num-inference-steps", "3",
+            "--out", str(tmp_path / "eval"))
+    assert e.returncode == 0, e.stderr[-3000:]
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())["models"]["base"]["metrics"]
+    assert metrics["hpsv2"]["images"] == metrics["imagereward"]["images"] == 4
+    # each image's score in samples.csv is what the reward gives that image in this process
+    rows = list(csv.DictReader((tmp_path / "eval" / "samples.csv").open()))
+    images = [Image.open(tmp_path / "eval" / r["image"]) for r in rows]
+    prompts = [r["prompt"] for r in rows]
+    for name, reward in (("hpsv2", HPSv2Reward(str(hps), tokenizer=str(hps / "tokenizer"), device="cpu")),
+                         ("imagereward", ImageRewardReward(str(ir), tokenizer=str(ir / "tokenizer"), device="cpu"))):
+        expect = reward(images, prompts)
+        got = torch.tensor([float(r[name]) for r in rows])
+        assert torch.allclose(got, expect, atol=1e-5), (name, got, expect)
+        assert abs(metrics[name]["mean"] - expect.mean().item()) < 1e-5
+
+
+def test_a_missing_checkpoint_is_named_before_the_model_loads(glm_grpo, tiny_path, tmp_path):
+    (tmp_path / "prompts.txt").write_text("a red cube\n")
+    r = run(glm_grpo, "train", "--model", str(tiny_path), "--prompts", str(tmp_path / "prompts.txt"), "--reward", "hpsv2",
+            "--reward-models", f"hpsv2={tmp_path / 'nowhere.pt'}", "--steps", "1", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "--reward-models hpsv2=PATH" in r.stderr and "nowhere.pt does not exist" in r.stderr, r.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
