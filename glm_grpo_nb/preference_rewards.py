@@ -136,12 +136,13 @@ class HPSv2Reward(Reward):
         from transformers import CLIPConfig, CLIPModel, CLIPTokenizer
         config, state = open_clip_to_transformers(_hps_checkpoint(checkpoint, version))
         config["vision_config"]["num_attention_heads"], config["text_config"]["num_attention_heads"] = heads
+        self.tokenizer = CLIPTokenizer.from_pretrained(tokenizer)
+        config["text_config"] |= dict(bos_token_id=self.tokenizer.bos_token_id, eos_token_id=self.tokenizer.eos_token_id, pad_token_id=0)
         self.model = CLIPModel(CLIPConfig(**config))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("position_ids")]
         if missing or unexpected: raise ValueError(f"hpsv2: the checkpoint does not fill the model ({(missing + unexpected)[:4]}).")
         self.model.eval().requires_grad_(False)
-        self.tokenizer = CLIPTokenizer.from_pretrained(tokenizer)
         self.image_size, self.context = config["vision_config"]["image_size"], config["text_config"]["max_position_embeddings"]
         self.batch_size, self.dtype, self.version = batch_size, dtype or torch.float32, version
         self.to(default_device(device), self.dtype)   # this process's GPU when there is one
