@@ -204,7 +204,7 @@ class ImageRewardReward(Reward):
     "ImageReward: BLIP's ViT and its text encoder crossing into the image, an MLP on [CLS], normalised as its authors' `score`."
     name, model_options = "imagereward", ("checkpoint", "med_config", "tokenizer")
     model_bytes = 446_206_689 * 4   # BLIP ViT-L, BERT-base with cross-attention and the MLP, in float32
-    def __init__(self, checkpoint: str = "THUDM/ImageReward", med_config: str | None = None, tokenizer: str = "bert-base-uncased",
+    def __init__(self, checkpoint: str = "THUDM/ImageReward", med_config: str | None = None, tokenizer: str = "google-bert/bert-base-uncased",
                  device=None, dtype=None, batch_size: int = 16, max_length: int = 35):
         import json
         from transformers import AutoTokenizer, BlipTextConfig, BlipTextModel, BlipVisionConfig, BlipVisionModel

@@ -39,3 +39,20 @@ def test_a_missing_checkpoint_is_named_before_the_model_loads(glm_grpo, tiny_pat
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "--reward-models hpsv2=PATH" in r.stderr and "nowhere.pt does not exist" in r.stderr, r.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_offline_without_the_weights_names_each_hub_id_and_its_option(tmp_path, monkeypatch):
+    "Offline with an empty Hugging Face cache, each preference reward names what it needs and the option that sets it."
+    import pytest
+
+    from glm_grpo_nb.rewards import load_reward
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for name, hub_id in (("hpsv2", "xswu/HPSv2"), ("imagereward", "THUDM/ImageReward")):
+        with pytest.raises(ValueError) as e:
+            load_reward(name)
+        assert hub_id in str(e.value) and f"--reward-models {name}=PATH" in str(e.value), str(e.value)
+    with pytest.raises(ValueError) as e:   # its checkpoint on disk, its tokenizer not in the cache
+        from glm_grpo_nb.tiny import make_tiny_imagereward
+        load_reward("imagereward", checkpoint=str(make_tiny_imagereward(tmp_path / "ir")))
+    assert "google-bert/bert-base-uncased" in str(e.value) and "--reward-models imagereward.tokenizer=PATH" in str(e.value), str(e.value)
