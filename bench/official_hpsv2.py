@@ -77,12 +77,8 @@ open(tok + "/merges.txt", "w", encoding="utf-8").write("#version: 0.2\n" + "".jo
 '''
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--official", required=True, help="a checkout of tgxs002/HPSv2 (the folder holding hpsv2/)")
-    ap.add_argument("--python", required=True, help="the Python of a virtualenv where HPSv2's code imports")
-    args = ap.parse_args()
-    work = Path(tempfile.mkdtemp())
+def write_cases(work: Path) -> list[list[str]]:
+    "Each prompt with an image of its size, saved in `work` and listed in work/cases.json: [[image path, prompt], ...]."
     rng = np.random.default_rng(0)
     cases = []
     for i, (prompt, (w, h)) in enumerate(zip(PROMPTS, SIZES)):
@@ -91,6 +87,16 @@ def main():
         Image.fromarray(pixels).save(work / f"{i}.png")
         cases.append([str(work / f"{i}.png"), prompt])
     (work / "cases.json").write_text(json.dumps(cases))
+    return cases
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--official", required=True, help="a checkout of tgxs002/HPSv2 (the folder holding hpsv2/)")
+    ap.add_argument("--python", required=True, help="the Python of a virtualenv where HPSv2's code imports")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp())
+    cases = write_cases(work)
     subprocess.run([args.python, "-c", OFFICIAL, args.official, str(work)], check=True)
     official = json.loads((work / "official.json").read_text())
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from bench.official_hpsv2 import PROMPTS, SIZES
+from bench.official_hpsv2 import PROMPTS, SIZES, write_cases
 
 MED_CONFIG = {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
               "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
@@ -80,14 +80,7 @@ def main():
     vocab = vocabulary()
     (work / "vocab.txt").write_text("\n".join(vocab) + "\n")
     (work / "med_config.json").write_text(json.dumps(MED_CONFIG | {"vocab_size": len(vocab) + 2}))   # and [DEC], [ENC]
-    rng = np.random.default_rng(0)
-    cases = []
-    for i, (prompt, (w, h)) in enumerate(zip(PROMPTS, SIZES)):
-        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-        if i % 2: pixels = np.cumsum(pixels, axis=1, dtype=np.uint32).astype(np.uint8)
-        Image.fromarray(pixels).save(work / f"{i}.png")
-        cases.append([str(work / f"{i}.png"), prompt])
-    (work / "cases.json").write_text(json.dumps(cases))
+    cases = write_cases(work)
     subprocess.run([args.python, "-c", OFFICIAL, args.official, str(work)], check=True)
     official = json.loads((work / "official.json").read_text())
 
