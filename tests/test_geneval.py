@@ -64,7 +64,7 @@ def test_bad_metadata_refused_before_the_model_loads(glm_grpo, tiny_path, tmp_pa
 
 
 def test_evaluate_geneval_writes_the_official_results(glm_grpo, tiny_path, tmp_path):
-    from glm_grpo_nb.tiny import make_tiny_clip
+    from glm_grpo_nb.tiny_rewards import make_tiny_clip
     m2f, clip = make_tiny_mask2former(tmp_path / "m2f"), make_tiny_clip(tmp_path / "clip")
     out = tmp_path / "eval"
     r = run(glm_grpo, "evaluate", "--model", str(tiny_path), "--prompts", str(ROOT / "examples/geneval/prompts.jsonl"),

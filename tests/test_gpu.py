@@ -94,7 +94,7 @@ def test_model_rewards_on_cuda_match_cpu(tmp_path):
     from PIL import Image
     from glm_grpo_nb.rewards import (AestheticReward, CLIPScoreReward, OCRReward, PerceptualReward, PickScoreReward,
                                       evaluate_reward)
-    from glm_grpo_nb.tiny import make_tiny_clip, make_tiny_ocr
+    from glm_grpo_nb.tiny_rewards import make_tiny_clip, make_tiny_ocr
     from safetensors.torch import save_file
     clip, ocr = str(make_tiny_clip(tmp_path / "clip")), str(make_tiny_ocr(tmp_path / "ocr"))
     dim = CLIPScoreReward(clip).image_embeds([Image.new("RGB", (32, 32))]).shape[-1]

@@ -10,7 +10,7 @@ from test_cli import run
 
 def test_evaluate_scores_with_hpsv2_and_imagereward(glm_grpo, tiny_path, tmp_path):
     from glm_grpo_nb.preference_rewards import HPSv2Reward, ImageRewardReward
-    from glm_grpo_nb.tiny import make_tiny_hpsv2, make_tiny_imagereward
+    from glm_grpo_nb.tiny_rewards import make_tiny_hpsv2, make_tiny_imagereward
     hps, ir = make_tiny_hpsv2(tmp_path / "hps"), make_tiny_imagereward(tmp_path / "ir")
     (tmp_path / "prompts.txt").write_text("a red cube\na dog on a sign\n")
     models = f"hpsv2={hps},hpsv2.tokenizer={hps / 'tokenizer'},imagereward={ir},imagereward.tokenizer={ir / 'tokenizer'}"
@@ -53,6 +53,6 @@ def test_offline_without_the_weights_names_each_hub_id_and_its_option(tmp_path, 
             load_reward(name)
         assert hub_id in str(e.value) and f"--reward-models {name}=PATH" in str(e.value), str(e.value)
     with pytest.raises(ValueError) as e:   # its checkpoint on disk, its tokenizer not in the cache
-        from glm_grpo_nb.tiny import make_tiny_imagereward
+        from glm_grpo_nb.tiny_rewards import make_tiny_imagereward
         load_reward("imagereward", checkpoint=str(make_tiny_imagereward(tmp_path / "ir")))
     assert "google-bert/bert-base-uncased" in str(e.value) and "--reward-models imagereward.tokenizer=PATH" in str(e.value), str(e.value)

@@ -163,7 +163,7 @@ def test_vlm_judge_against_transformers_serve(tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from glm_grpo_nb.rewards import VLMJudgeReward, evaluate_reward
-    from glm_grpo_nb.tiny import make_tiny_vlm
+    from glm_grpo_nb.tiny_rewards import make_tiny_vlm
     model_dir = make_tiny_vlm(tmp_path / "vlm")
     (tmp_path / "hub").mkdir()
     exe = Path(sys.executable).parent / "transformers"
