@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .hub import default_device
+from .model_rewards import _ModelReward
 from .rewards import Reward
 
 # %% auto #0
@@ -110,6 +111,12 @@ def open_clip_to_transformers(state: dict, where: str = "hpsv2") -> tuple[dict, 
 # %% ../nbs/02g_preference_rewards.ipynb #4a233926
 HPS_FILES = {"v2.0": "HPS_v2_compressed.pt", "v2.1": "HPS_v2.1_compressed.pt"}
 
+def _torch_file(path: Path, name: str, what: str):
+    "What a .pt file holds (tensors and plain containers, never code), or a ValueError naming the reward and what to pass."
+    try: return torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
+        raise ValueError(f"{name}: {path} cannot be read ({type(e).__name__}: {str(e)[:200]}); pass {what}.") from None
+
 def _hps_checkpoint(checkpoint: str, version: str) -> dict:
     "The state dict in an HPSv2 checkpoint: a local .pt file, or `HPS_FILES[version]` of a Hub repository."
     if version not in HPS_FILES: raise ValueError(f"hpsv2: version must be one of {', '.join(HPS_FILES)}; got {version!r}.")
@@ -119,14 +126,12 @@ def _hps_checkpoint(checkpoint: str, version: str) -> dict:
         else:
             from huggingface_hub import hf_hub_download
             path = Path(hf_hub_download(checkpoint, HPS_FILES[version]))
-    try: saved = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
-        raise ValueError(f"hpsv2: {path} cannot be read ({type(e).__name__}: {str(e)[:200]}); pass HPSv2's checkpoint.") from None
+    saved = _torch_file(path, "hpsv2", "HPSv2's checkpoint")
     state = saved.get("state_dict", saved) if isinstance(saved, dict) else None
     if not isinstance(state, dict): raise ValueError(f"hpsv2: {path} holds no state dict; pass HPSv2's checkpoint.")
     return state
 
-class HPSv2Reward(Reward):
+class HPSv2Reward(_ModelReward):   # its `to` moves `self.model`
     "HPSv2 (2.1 by default): cosine similarity of the preference-tuned CLIP-H's image and prompt features, as HPSv2's `score`."
     name, model_options = "hpsv2", ("checkpoint", "tokenizer")
     model_bytes = 986_109_441 * 4   # ViT-H-14 in float32
@@ -146,12 +151,6 @@ class HPSv2Reward(Reward):
         self.image_size, self.context = config["vision_config"]["image_size"], config["text_config"]["max_position_embeddings"]
         self.batch_size, self.dtype, self.version = batch_size, dtype or torch.float32, version
         self.to(default_device(device), self.dtype)   # this process's GPU when there is one
-
-    def to(self, device=None, dtype=None):
-        if device is not None: self.device = torch.device(device)
-        if dtype is not None: self.dtype = dtype
-        self.model.to(device=device, dtype=dtype)
-        return self
 
     @torch.no_grad()
     def features(self, images, prompts) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,9 +208,7 @@ class ImageRewardReward(Reward):
         import json
         from transformers import AutoTokenizer, BlipTextConfig, BlipTextModel, BlipVisionConfig, BlipVisionModel
         ckpt, med = _imagereward_files(checkpoint, med_config)
-        try: state = torch.load(ckpt, map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
-            raise ValueError(f"imagereward: {ckpt} cannot be read ({type(e).__name__}: {str(e)[:200]}); pass ImageReward's checkpoint.") from None
+        state = _torch_file(ckpt, "imagereward", "ImageReward's checkpoint")
         vis = {k.removeprefix("blip.visual_encoder."): v for k, v in state.items() if k.startswith("blip.visual_encoder.")}
         txt = {k.removeprefix("blip.text_encoder."): v for k, v in state.items() if k.startswith("blip.text_encoder.")}
         head = sorted((k for k in state if re.fullmatch(r"mlp\.layers\.\d+\.weight", k)), key=lambda k: int(k.split(".")[2]))
