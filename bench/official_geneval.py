@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-from glm_grpo_nb.geneval import COLORS, GENEVAL_CLASSES, format_geneval, geneval_result, geneval_scores, judge, read_geneval
+from glm_grpo_nb.geneval import COLORS, GENEVAL_CLASSES, judge, read_geneval
+from glm_grpo_nb.geneval_results import format_geneval, geneval_result, geneval_scores
 
 
 def official_functions(script: Path, classnames: list[str], answers: dict) -> dict:

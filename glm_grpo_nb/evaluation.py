@@ -21,7 +21,7 @@ from PIL import Image
 from .benchmarks import BENCHMARKS, benchmark_figures, benchmark_metrics, benchmark_parts, cvtg_target_words, cvtg_word_scores, read_benchmark
 from .benchmarks import format_benchmark, format_metrics  # noqa: F401 (beneath this module and the card)
 from .data import COLUMNS, PromptDataset
-from .geneval import geneval_layout
+from .geneval_results import geneval_layout
 from .run_files import atomic_write
 from .image_models import PipelineModel, PolicyModel, _free_memory
 from .ocr import edit_distance, prompt_texts
@@ -263,7 +263,8 @@ def _mean_of_tasks(tasks: list[list[list[float]]], level: float = 0.95, resample
 
 def _geneval_summary(records: list[dict], recs: list[dict], samples_per_prompt: int, files: list[Path]) -> dict:
     "GenEval's figures of one model's images: each task's share correct, the overall mean of tasks, the partial credit."
-    from glm_grpo_nb.geneval import GenEvalVerdict, geneval_result, geneval_scores
+    from glm_grpo_nb.geneval import GenEvalVerdict
+    from glm_grpo_nb.geneval_results import geneval_result, geneval_scores
     group = lambda i, key: [recs[k][key] for k in range(i * samples_per_prompt, (i + 1) * samples_per_prompt)]
     tasks = list(dict.fromkeys(r["tag"] for r in records))
     by_task = {t: [group(i, "geneval/correct") for i, r in enumerate(records) if r["tag"] == t] for t in tasks}

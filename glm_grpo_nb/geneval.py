@@ -22,8 +22,7 @@ __all__ = ['GENEVAL_CLASSES', 'COCO_RENAMED', 'COCO_CLASSES', 'COLORS', 'COLOR_T
            'COUNTING_THRESHOLD', 'MAX_OBJECTS', 'POSITION_THRESHOLD', 'DETECTOR', 'CLIP_MODEL', 'KEYS', 'CLAUSE_KEYS',
            'SCENE_COLORS', 'REWARD_TYPES', 'geneval_label', 'check_metadata', 'read_geneval', 'kept_detections',
            'relative_position', 'GenEvalVerdict', 'judge', 'Mask2FormerDetector', 'make_tiny_mask2former',
-           'CLIPColorClassifier', 'SceneDetector', 'scene_colors', 'GenEvalReward', 'geneval_result', 'geneval_scores',
-           'format_geneval', 'geneval_layout']
+           'CLIPColorClassifier', 'SceneDetector', 'scene_colors', 'GenEvalReward']
 
 # %% ../nbs/02f_geneval.ipynb #cc7b9d65
 GENEVAL_CLASSES = (
@@ -452,49 +451,3 @@ class GenEvalReward(Reward):
         self.last_info = {k: [float(getattr(v, k)) for v in verdicts] for k in REWARD_TYPES}
         self.last_texts = {"reason": [v.reason for v in verdicts], "details": [json.dumps(v.details) for v in verdicts]}
         return torch.tensor(self.last_info[self.reward_type])
-
-# %% ../nbs/02f_geneval.ipynb #80220d20
-def geneval_result(filename: str, metadata: dict, verdict: GenEvalVerdict) -> dict:
-    "One image's line of results.jsonl, in evaluate_images.py's format (metadata and details as JSON strings)."
-    return {"filename": str(filename), "tag": metadata["tag"], "prompt": metadata["prompt"], "correct": bool(verdict.correct),
-            "reason": verdict.reason, "metadata": json.dumps(metadata), "details": json.dumps(verdict.details)}
-
-def geneval_scores(results: list[dict]) -> dict:
-    "summary_scores.py's figures of per-image results: each task's share correct, their mean, the correct images and prompts."
-    if not results: raise ValueError("geneval_scores: no results; score at least one image.")
-    tasks = {}
-    for r in results: tasks.setdefault(r["tag"], []).append(bool(r["correct"]))
-    prompts = {}
-    for r in results: prompts[r["metadata"]] = prompts.get(r["metadata"], False) or bool(r["correct"])
-    task_scores = {t: sum(v) / len(v) for t, v in tasks.items()}
-    return {"overall": sum(task_scores.values()) / len(task_scores), "tasks": task_scores,
-            "task_counts": {t: [sum(v), len(v)] for t, v in tasks.items()}, "images": len(results), "prompts": len(prompts),
-            "correct_images": sum(bool(r["correct"]) for r in results) / len(results),
-            "correct_prompts": sum(prompts.values()) / len(prompts)}
-
-def format_geneval(scores: dict) -> str:
-    "The figures as summary_scores.py prints them."
-    lines = ["Summary", "=======", f"Total images: {scores['images']}", f"Total prompts: {scores['prompts']}",
-             f"% correct images: {scores['correct_images']:.2%}", f"% correct prompts: {scores['correct_prompts']:.2%}", "",
-             "Task breakdown", "=============="]
-    lines += [f"{t:<16} = {s:.2%} ({scores['task_counts'][t][0]} / {scores['task_counts'][t][1]})" for t, s in scores["tasks"].items()]
-    return "\n".join(lines + ["", f"Overall score (avg. over tasks): {scores['overall']:.5f}"])
-
-# %% ../nbs/02f_geneval.ipynb #ae438464
-def geneval_layout(images: list, metadata: list[dict], samples_per_prompt: int, folder: str | Path) -> Path:
-    "Write `images` (image k of prompt i at index i * samples_per_prompt + k) in GenEval's layout under `folder`."
-    import os, shutil
-    if len(images) != len(metadata) * samples_per_prompt:
-        raise ValueError(f"geneval_layout: {len(images)} images for {len(metadata)} prompts x {samples_per_prompt} samples.")
-    folder = Path(folder)
-    for i, meta in enumerate(metadata):
-        d = folder / f"{i:05d}"
-        (d / "samples").mkdir(parents=True, exist_ok=True)
-        (d / "metadata.jsonl").write_text(json.dumps(meta))   # one object, as the generation script writes it
-        for k in range(samples_per_prompt):
-            src, dst = images[i * samples_per_prompt + k], d / "samples" / f"{k:05d}.png"
-            if isinstance(src, Image.Image): src.save(dst); continue
-            dst.unlink(missing_ok=True)
-            try: os.link(src, dst)
-            except OSError: shutil.copyfile(src, dst)
-    return folder

@@ -8,7 +8,8 @@ from pathlib import Path
 from conftest import ROOT, clean_env
 from test_cli import run
 
-from glm_grpo_nb.geneval import GenEvalReward, SceneDetector, geneval_scores, make_tiny_mask2former, scene_colors
+from glm_grpo_nb.geneval import GenEvalReward, SceneDetector, make_tiny_mask2former, scene_colors
+from glm_grpo_nb.geneval_results import geneval_scores
 from glm_grpo_nb.policy import GlmImagePolicy
 from glm_grpo_nb.trainer import GRPOTrainer
 
