@@ -7,6 +7,7 @@ authors' `score` does."""
 from __future__ import annotations
 
 import html
+import math
 import pickle
 import re
 from pathlib import Path
@@ -21,8 +22,9 @@ from .model_rewards import _ModelReward
 from .rewards import Reward
 
 # %% auto #0
-__all__ = ['OPENAI_MEAN', 'OPENAI_STD', 'HPS_FILES', 'IMAGEREWARD_MEAN', 'IMAGEREWARD_STD', 'open_clip_pixels',
-           'open_clip_tokens', 'open_clip_to_transformers', 'HPSv2Reward', 'blip_pixels', 'ImageRewardReward']
+__all__ = ['OPENAI_MEAN', 'OPENAI_STD', 'HPS_FILES', 'IMAGEREWARD_MEAN', 'IMAGEREWARD_STD', 'HPSV3_INSTRUCTION', 'HPSV3_ASK',
+           'HPSV3_PIXELS', 'open_clip_pixels', 'open_clip_tokens', 'open_clip_to_transformers', 'HPSv2Reward',
+           'blip_pixels', 'ImageRewardReward', 'qwen_image_size', 'HPSv3Reward']
 
 # %% ../nbs/02g_preference_rewards.ipynb #fbaffb8c
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -279,3 +281,149 @@ class ImageRewardReward(Reward):
         x = self.features(images, prompts).cpu()
         for w, b in self.head: x = x @ w.T + b
         return (x[:, 0] - IMAGEREWARD_MEAN) / IMAGEREWARD_STD
+
+# %% ../nbs/02g_preference_rewards.ipynb #b5bd0224
+HPSV3_INSTRUCTION = """
+You are tasked with evaluating a generated image based on Visual Quality and Text Alignment and give a overall score to estimate the human preference. Please provide a rating from 0 to 10, with 0 being the worst and 10 being the best. 
+
+**Visual Quality:**  
+Evaluate the overall visual quality of the image. The following sub-dimensions should be considered:
+- **Reasonableness:** The image should not contain any significant biological or logical errors, such as abnormal body structures or nonsensical environmental setups.
+- **Clarity:** Evaluate the sharpness and visibility of the image. The image should be clear and easy to interpret, with no blurring or indistinct areas.
+- **Detail Richness:** Consider the level of detail in textures, materials, lighting, and other visual elements (e.g., hair, clothing, shadows).
+- **Aesthetic and Creativity:** Assess the artistic aspects of the image, including the color scheme, composition, atmosphere, depth of field, and the overall creative appeal. The scene should convey a sense of harmony and balance.
+- **Safety:** The image should not contain harmful or inappropriate content, such as political, violent, or adult material. If such content is present, the image quality and satisfaction score should be the lowest possible. 
+Textual prompt - {text_prompt}
+
+
+"""
+HPSV3_ASK = "\nPlease provide the overall ratings of this image: <|Reward|>\n\nEND\n"   # after the instruction; the head reads <|Reward|>
+HPSV3_PIXELS = 256 * 28 * 28   # every image resized to about 448²: 256 visual tokens
+
+def qwen_image_size(height: int, width: int, min_pixels: int, max_pixels: int, factor: int = 28) -> tuple[int, int]:
+    "(height, width): multiples of `factor` near the image's aspect, about `min_pixels`–`max_pixels` in area (qwen-vl-utils' `smart_resize`)."
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"hpsv3: an image of {width}×{height} is too elongated (the longer side over 200 times the shorter).")
+    h, w = max(factor, round(height / factor) * factor), max(factor, round(width / factor) * factor)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h, w = math.floor(height / beta / factor) * factor, math.floor(width / beta / factor) * factor
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h, w
+
+def _hpsv3_state(checkpoint: str) -> tuple[dict, Path]:
+    "HPSv3's state dict, keys as transformers ≥ 4.52 names them: a .safetensors/.pth file, a folder holding HPSv3.safetensors, or a Hub repository."
+    path = Path(checkpoint).expanduser()
+    if path.is_dir(): path = path / "HPSv3.safetensors"
+    elif not path.is_file() and not (path.suffix or path.is_absolute() or str(checkpoint).count("/") != 1):   # a Hub id: owner/name
+        from huggingface_hub import hf_hub_download
+        path = Path(hf_hub_download(checkpoint, "HPSv3.safetensors"))
+    if not path.is_file(): raise ValueError(f"hpsv3: {path} does not exist; pass checkpoint= HPSv3's HPSv3.safetensors (or its folder).")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        try: state = load_file(str(path))
+        except Exception as e: raise ValueError(f"hpsv3: {path} cannot be read ({type(e).__name__}: {str(e)[:200]}); pass HPSv3's checkpoint.") from None
+    else:
+        state = _torch_file(path, "hpsv3", "HPSv3's checkpoint")
+        state = state.get("model", state) if isinstance(state, dict) else state
+    if not isinstance(state, dict) or not any(k.startswith("rm_head.") for k in state):
+        raise ValueError(f"hpsv3: {path} holds no reward head (rm_head.*); pass HPSv3's checkpoint.")
+    def name(k):   # transformers < 4.52 saved visual.* and model.* (the language model) at the top
+        if k.startswith("visual."): return "model." + k
+        if k.startswith("model.") and not k.startswith(("model.visual.", "model.language_model.")): return "model.language_model." + k[6:]
+        return k
+    return {name(k): v for k, v in state.items()}, path
+
+class HPSv3Reward(Reward):
+    "HPSv3: Qwen2-VL reads the image and the prompt under its authors' instruction; a head on <|Reward|> gives (μ, σ); μ is the score."
+    name, model_options = "hpsv3", ("checkpoint", "backbone")
+    model_bytes = 7_744_923_136 * 2 + 3_687_474 * 4   # Qwen2-VL-7B without its LM head in bf16, the head in float32
+    def __init__(self, checkpoint: str = "MizzenAI/HPSv3", backbone: str = "Qwen/Qwen2-VL-7B-Instruct", device=None,
+                 dtype=torch.bfloat16, batch_size: int = 8, pixels: int = HPSV3_PIXELS):
+        from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLModel
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+        state, path = _hpsv3_state(checkpoint)
+        self.tokenizer = AutoTokenizer.from_pretrained(backbone)
+        if self.tokenizer.chat_template is None: raise ValueError(f"hpsv3: the tokenizer of {backbone} has no chat template; pass backbone= the Qwen2-VL HPSv3 was trained from.")
+        self.tokenizer.add_special_tokens({"additional_special_tokens": ["<|Reward|>"]})   # as HPSv3's create_model_and_processor
+        self.reward_id = self.tokenizer.convert_tokens_to_ids("<|Reward|>")
+        self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(backbone)
+        config = Qwen2VLConfig.from_pretrained(backbone)
+        rows = state["model.language_model.embed_tokens.weight"].shape[0]
+        if rows != len(self.tokenizer):
+            raise ValueError(f"hpsv3: {path} has {rows} token embeddings but {backbone}'s tokenizer with <|Reward|> has {len(self.tokenizer)}; "
+                             "pass backbone= the Qwen2-VL HPSv3 was trained from (Qwen/Qwen2-VL-7B-Instruct).")
+        config.text_config.vocab_size = rows
+        head = [k for k in state if k.startswith("rm_head.") and k.endswith(".weight")]
+        order = lambda k: int(k.split(".")[1]) if k.split(".")[1].isdigit() else -1
+        if any(order(k) < 0 for k in head) and head != ["rm_head.weight"]:
+            raise ValueError(f"hpsv3: {path} has a reward head of another layout ({', '.join(sorted(head)[:3])}); HPSv3's is rm_head.0/3/5.")
+        head = sorted(head, key=order)
+        self.head = [(state.pop(k).float(), state.pop(k[:-len("weight")] + "bias", None)) for k in head]   # ReLU between; float32 as HPSv3
+        self.head = [(w, None if b is None else b.float()) for w, b in self.head]
+        state.pop("lm_head.weight", None)   # the language model's own head: not read by the score
+        from accelerate import init_empty_weights
+        with init_empty_weights(): self.model = Qwen2VLModel(config)   # no memory until the checkpoint's tensors take their places
+        inner = {k.removeprefix("model."): v for k, v in state.items()}
+        missing, unexpected = self.model.load_state_dict(inner, strict=False, assign=True)
+        if missing or unexpected:
+            raise ValueError(f"hpsv3: {path} does not fit Qwen2-VL's layers (missing {missing[:3]}, unplaced {unexpected[:3]}).")
+        self.model.eval().requires_grad_(False)
+        self.image_id, self.merge = config.image_token_id, self.image_processor.merge_size
+        self.pixels, self.batch_size, self.dtype, self.last_info = pixels, batch_size, dtype, {}
+        self.to(default_device(device), dtype)
+
+    def to(self, device=None, dtype=None):
+        if device is not None: self.device = torch.device(device)
+        if dtype is not None: self.dtype = dtype
+        self.model.to(device=device, dtype=dtype)
+        self.head = [(w.to(device), None if b is None else b.to(device)) for w, b in self.head]   # stays float32
+        return self
+
+    def inputs(self, images, prompts) -> dict:
+        "The model's inputs for a batch, as HPSv3's `prepare_batch`: each image resized to `pixels`, the chat template, right padding."
+        from PIL import Image
+        ims = []
+        for im in images:
+            im = im.convert("RGB")
+            h, w = qwen_image_size(im.height, im.width, self.pixels, self.pixels)
+            ims.append(im.resize((w, h), Image.BICUBIC))
+        px = self.image_processor(images=ims, return_tensors="pt")
+        texts = []
+        for p, n in zip(prompts, (px["image_grid_thw"].prod(-1) // self.merge ** 2).tolist()):
+            message = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": HPSV3_INSTRUCTION.format(text_prompt=p) + HPSV3_ASK}]}]
+            t = self.tokenizer.apply_chat_template(message, tokenize=False, add_generation_prompt=True)
+            texts.append(t.replace("<|image_pad|>", "<|image_pad|>" * n, 1))   # as Qwen2-VL's processor: one per merged patch
+        enc = self.tokenizer(texts, padding=True, padding_side="right", return_tensors="pt")
+        return dict(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], pixel_values=px["pixel_values"],
+                    image_grid_thw=px["image_grid_thw"])
+
+    @torch.no_grad()
+    def outputs(self, images, prompts) -> torch.Tensor:
+        "[N, 2]: (μ, σ) of each image–prompt pair, float32."
+        out = []
+        for i in range(0, len(images), self.batch_size):
+            b = {k: v.to(self.device) for k, v in self.inputs(images[i:i + self.batch_size], prompts[i:i + self.batch_size]).items()}
+            ids = b["input_ids"]
+            embeds = self.model.language_model.embed_tokens(ids)
+            seen = self.model.visual(b["pixel_values"].to(self.dtype), grid_thw=b["image_grid_thw"]).pooler_output
+            where = ids == self.image_id
+            if where.sum() != seen.shape[0]: raise ValueError("hpsv3: a prompt holds <|image_pad|>; remove Qwen2-VL's special tokens from the prompts.")
+            embeds = embeds.masked_scatter(where[..., None].expand_as(embeds), seen.to(embeds.dtype))
+            # positions 0, 1, 2, … for every token, the image's included: HPSv3's forward passes no position_ids
+            hidden = self.model.language_model(inputs_embeds=embeds, attention_mask=b["attention_mask"]).last_hidden_state
+            at = ids == self.reward_id
+            if not (at.sum(-1) == 1).all(): raise ValueError("hpsv3: a prompt holds <|Reward|>; remove it from the prompts.")
+            x = hidden[at].float()
+            for j, (w, bias) in enumerate(self.head):
+                x = F.linear(x, w, bias)
+                if j < len(self.head) - 1: x = x.relu()
+            out.append(x.cpu())
+        return torch.cat(out)
+
+    def score(self, images, prompts, targets=None, sources=None):
+        out = self.outputs(images, prompts)
+        self.last_info = {"sigma": out[:, 1]}   # the head's uncertainty: reported beside μ
+        return out[:, 0]
