@@ -86,7 +86,7 @@ def generate(
     return 0
 
 # %% ../nbs/09_cli.ipynb #3aa3df8b
-REWARD_NAMES = ("aesthetic", "clip", "geneval", "hpsv2", "imagereward", "mse", "ocr", "perceptual", "pickscore", "psnr", "redness", "ssim", "unifiedreward")  # for --help
+REWARD_NAMES = ("aesthetic", "clip", "geneval", "hpsv2", "hpsv3", "imagereward", "mse", "ocr", "perceptual", "pickscore", "psnr", "redness", "ssim", "unifiedreward")  # for --help
 
 def __getattr__(name: str):
     "`cli.parse_rewards`, importable as before: it lives in `reward_spec` now, loaded when asked for (it needs torch)."

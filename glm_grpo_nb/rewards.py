@@ -213,6 +213,7 @@ REWARDS = {"mse": "pixel_rewards.MSEReward", "psnr": "pixel_rewards.PSNRReward",
            "pickscore": "model_rewards.PickScoreReward", "aesthetic": "model_rewards.AestheticReward",
            "perceptual": "model_rewards.PerceptualReward", "geneval": "geneval.GenEvalReward",
            "hpsv2": "preference_rewards.HPSv2Reward", "imagereward": "preference_rewards.ImageRewardReward",
+           "hpsv3": "preference_rewards.HPSv3Reward",
            "unifiedreward": "served.UnifiedRewardJudge"}
 
 def load_reward(name: str, **kwargs) -> Reward:
