@@ -31,7 +31,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from bench.official_hpsv2 import PROMPTS, SIZES, write_cases
+from bench.official_hpsv2 import SIZES, write_cases
 
 OFFICIAL = r'''
 import ast, json, shutil, sys, torch

@@ -5,6 +5,7 @@
 # %% ../nbs/02d_served.ipynb #1dcaecb8
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -304,15 +305,20 @@ JUDGE_QUESTIONS = {
 }
 
 class VLMJudgeReward(Reward):
-    "A vision-language model judging each image through an OpenAI-compatible chat-completions server."
-    def __init__(self, base_url: str, model: str, question: str | None = None, answer: str = "yes_no",
+    "A vision-language model judging each image, through an OpenAI-compatible chat-completions server or in this process (`base_url=None`)."
+    model_options = ("model",)   # a path or hub id to load only in process; a server's name for what it holds otherwise
+    def __init__(self, base_url: str | None, model: str, question: str | None = None, answer: str = "yes_no",
                  scale: tuple[float, float] = (0, 10), system: str | None = None, api_key: str | None = None,
                  logprobs: bool = True, top_logprobs: int = 20, max_tokens: int = 16, max_workers: int = 8,
                  timeout: float = 120.0, wait: float = REWARD_WAIT, backoff: float = 0.5, unparsed_score: float = float("nan"),
-                 name: str = "vlm_judge"):
+                 name: str = "vlm_judge", device=None, dtype=None, batch_size: int = 8):
         import threading
         if answer not in JUDGE_QUESTIONS: raise ValueError(f"VLMJudgeReward: answer must be 'yes_no' or 'scale', not {answer!r}.")
         if answer == "scale" and not scale[1] > scale[0]: raise ValueError(f"VLMJudgeReward: scale {scale} must be (low, high), low < high.")
+        self.local = None
+        if base_url in (None, "", "local"):   # in this process: the model loaded here, its images batched
+            from glm_grpo_nb.local_judge import LocalChat
+            self.local, base_url = LocalChat(model, device, dtype, batch_size), "local"
         self.base_url, self.model, self.answer, self.scale = base_url.rstrip("/"), model, answer, tuple(scale)
         self.question = question or JUDGE_QUESTIONS[answer]
         if "{prompt}" not in self.question: warnings.warn("VLMJudgeReward: the question has no {prompt}; every image gets the same question.")
@@ -329,8 +335,20 @@ class VLMJudgeReward(Reward):
 
     def _headers(self): return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
+    @classmethod
+    def model_sources(cls, kwargs: dict) -> dict[str, str]:
+        "`model` where it loads in this process; a server's model is the server's."
+        defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()}
+        local = kwargs.get("base_url", defaults.get("base_url")) in (None, "", "local")
+        return super().model_sources(kwargs) if local else {}
+
+    def to(self, device=None, dtype=None):
+        if self.local is not None: self.local.to(device, dtype)
+        return self
+
     def check(self) -> None:
         "The server answers; a warning if it lists its models and `model` is not among them."
+        if self.local is not None: return
         r = http_request(self._session(), "GET", self.base_url + "/models", None, self._headers(), self.timeout,
                          self.wait, f"VLM judge {self.base_url}", retry_5xx=False, backoff=self.backoff)
         if r.status_code == 401: raise RewardServiceError(f"VLM judge {self.base_url} refused the API key; pass api_key=.")
@@ -340,13 +358,19 @@ class VLMJudgeReward(Reward):
             warnings.warn(f"VLM judge {self.base_url} lists {served}, not {self.model!r}; its requests may fail.")
 
     def score(self, images, prompts, targets=None, sources=None):
-        "One request per image, `max_workers` at a time; answers that cannot be read score `unparsed_score`."
+        "One request per image, `max_workers` at a time (in process: `batch_size` images a batch); unreadable answers score `unparsed_score`."
         from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max(1, min(self.max_workers, len(images)))) as pool:
-            out = list(pool.map(self._ask, images, prompts))
+        if self.local is not None:
+            conversations = [self._messages({"type": "image", "image": im}, p) for im, p in zip(images, prompts)]
+            choices = self.local.complete(conversations, self.max_tokens, self.logprobs, self.top_logprobs)
+            out = [(self.read_score(c), c["message"]["content"]) for c in choices]
+        else:
+            with ThreadPoolExecutor(max(1, min(self.max_workers, len(images)))) as pool:
+                out = list(pool.map(self._ask, images, prompts))
         bad = [i for i, (s, _) in enumerate(out) if s is None]
         if bad:
-            warnings.warn(f"VLM judge {self.base_url}: could not read a score from the answers to images {bad} "
+            where = f"in this process ({self.model})" if self.local is not None else self.base_url
+            warnings.warn(f"VLM judge {where}: could not read a score from the answers to images {bad} "
                           f"(e.g. {out[bad[0]][1][:80]!r}); they score {self.unparsed_score}.")
         self.last_texts = {"answer": [a for _, a in out]}
         return torch.tensor([self.unparsed_score if s is None else s for s, _ in out], dtype=torch.float32)
@@ -384,13 +408,17 @@ def read_score(self, choice) -> float | None:
     return (value - low) / (high - low)
 
 @patch_to(VLMJudgeReward)
-def _ask(self, image: Image.Image, prompt: str):
-    "(score or None, answer text) for one image."
+def _messages(self, image: dict, prompt: str) -> list[dict]:
+    "The chat for one image (`image`: its content part), the question about `prompt` after it."
     low, high = self.scale
     question = self.question.replace("{prompt}", prompt).replace("{low}", f"{low:g}").replace("{high}", f"{high:g}")
-    messages = ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + png_base64(image)}},
-        {"type": "text", "text": question}]}]
+    return ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": [
+        image, {"type": "text", "text": question}]}]
+
+@patch_to(VLMJudgeReward)
+def _ask(self, image: Image.Image, prompt: str):
+    "(score or None, answer text) for one image, one request."
+    messages = self._messages({"type": "image_url", "image_url": {"url": "data:image/png;base64," + png_base64(image)}}, prompt)
     body = {"model": self.model, "messages": messages, "temperature": 0.0, "max_tokens": self.max_tokens}
     if self.logprobs: body.update(logprobs=True, top_logprobs=self.top_logprobs)
     url, what = self.base_url + "/chat/completions", f"VLM judge {self.base_url}"
@@ -419,13 +447,14 @@ UNIFIEDREWARD_QUESTION = (   # UnifiedReward's point-score question for image ge
     "Text Caption: [{prompt}]")
 
 class UnifiedRewardJudge(VLMJudgeReward):
-    "UnifiedReward through an OpenAI-compatible server: its authors' question, 'Final Score: x' (1-5) divided by 5 as Flow-GRPO does."
-    def __init__(self, base_url: str = "http://127.0.0.1:8080/v1", model: str = "CodeGoat24/UnifiedReward-qwen-7b",
+    "UnifiedReward on an OpenAI-compatible server or in this process: its authors' question, 'Final Score: x' (1-5) divided by 5 as Flow-GRPO does."
+    def __init__(self, base_url: str | None = "http://127.0.0.1:8080/v1", model: str = "CodeGoat24/UnifiedReward-qwen-7b",
                  question: str = UNIFIEDREWARD_QUESTION, max_tokens: int = 512, unparsed_score: float = 0.0,
-                 api_key: str | None = None, max_workers: int = 8, timeout: float = 300.0, wait: float = REWARD_WAIT):
+                 api_key: str | None = None, max_workers: int = 8, timeout: float = 300.0, wait: float = REWARD_WAIT,
+                 device=None, dtype=None, batch_size: int = 8):
         super().__init__(base_url, model, question=question, answer="scale", scale=(1, 5), api_key=api_key, logprobs=False,
                          max_tokens=max_tokens, max_workers=max_workers, timeout=timeout, wait=wait,
-                         unparsed_score=unparsed_score, name="unifiedreward")
+                         unparsed_score=unparsed_score, name="unifiedreward", device=device, dtype=dtype, batch_size=batch_size)
 
     def read_score(self, choice) -> float | None:
         "The number after 'Final Score:' (1 to 5), divided by 5; None where the answer has none."
