@@ -354,6 +354,8 @@ class HPSv3Reward(Reward):
         self.reward_id = self.tokenizer.convert_tokens_to_ids("<|Reward|>")
         self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(backbone)
         config = Qwen2VLConfig.from_pretrained(backbone)
+        if "model.language_model.embed_tokens.weight" not in state:
+            raise ValueError(f"hpsv3: {path} has a reward head but no Qwen2-VL (model.embed_tokens.weight); pass HPSv3's whole checkpoint.")
         rows = state["model.language_model.embed_tokens.weight"].shape[0]
         if rows != len(self.tokenizer):
             raise ValueError(f"hpsv3: {path} has {rows} token embeddings but {backbone}'s tokenizer with <|Reward|> has {len(self.tokenizer)}; "
@@ -364,8 +366,8 @@ class HPSv3Reward(Reward):
         if any(order(k) < 0 for k in head) and head != ["rm_head.weight"]:
             raise ValueError(f"hpsv3: {path} has a reward head of another layout ({', '.join(sorted(head)[:3])}); HPSv3's is rm_head.0/3/5.")
         head = sorted(head, key=order)
-        self.head = [(state.pop(k).float(), state.pop(k[:-len("weight")] + "bias", None)) for k in head]   # ReLU between; float32 as HPSv3
-        self.head = [(w, None if b is None else b.float()) for w, b in self.head]
+        biases = [state.pop(k[:-len("weight")] + "bias", None) for k in head]   # HPSv3's "default" head has none
+        self.head = [(state.pop(k).float(), None if b is None else b.float()) for k, b in zip(head, biases)]   # ReLU between; float32 as HPSv3
         state.pop("lm_head.weight", None)   # the language model's own head: not read by the score
         from accelerate import init_empty_weights
         with init_empty_weights(): self.model = Qwen2VLModel(config)   # no memory until the checkpoint's tensors take their places
