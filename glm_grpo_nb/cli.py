@@ -190,7 +190,7 @@ def plan(
     "Predict the peak GPU memory of GRPO (or of supervised fine-tuning) on the real GLM-Image, and what to change if it does not fit (exit 1)."
     check_image_size(height, width, "plan: --height/--width")
     reward_bytes = _reward_bytes(reward)
-    from glm_grpo_nb.memory import plan as make_plan
+    from glm_grpo_nb.memory import GB, plan as make_plan
     p = make_plan(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step,
                   load_in_4bit=load_in_4bit, lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing,
                   micro_batch_size=micro_batch_size, updates_per_batch=updates_per_batch,
@@ -209,7 +209,7 @@ def plan(
         recipe = GRPOConfig(dit_objective=dit_objective, prompts_per_step=prompts_per_step)   # what train resolves it to
         from glm_grpo_nb.objectives import objective_class
         print(f"{dit_objective}'s recipe: " + ", ".join(f"{k}={getattr(recipe, k)!r}" for k in objective_class(dit_objective).defaults))
-    if reward_bytes: print("reward models on this GPU: " + ", ".join(f"{n} {b / 1e9:.2f} GB" for n, b in reward_bytes.items()))
+    if reward_bytes: print("reward models on this GPU: " + ", ".join(f"{n} {b / GB:.2f} GB" for n, b in reward_bytes.items()))   # the table's unit
     print(p)
     return 0 if p.fits else 1
 
