@@ -23,10 +23,11 @@ from .run_files import folder_info
 # %% auto #0
 __all__ = ['MODEL_INDEX', 'COMPONENTS', 'IMAGE_BLOCK', 'DEVICE_ENV', 'DIT_ADAPTER_FILE', 'DIT_ADAPTER_PLAIN', 'AR_LORA_MODULES',
            'AR_LORA_TARGETS', 'DIT_LORA_TARGETS', 'DIT_LORA_TARGETS_FF', 'WINDOW_SCHEDULES', 'DEFAULT_SIZE',
-           'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model', 'check_model_source', 'check_image_size',
-           'token_grid', 'default_device', 'same_device', 'cpu_bf16_native', 'default_dtype', 'compute_dtype',
-           'bf16_cost', 'check_cpu_dtype', 'prefix_lora_keys', 'read_adapter', 'lora_targeted', 'sde_steps',
-           'sde_window_at', 'model_size', 'hush_harmless_notices', 'quiet_io', 'package_object', 'compile_cache_dir']
+           'HARMLESS_NOTICES', 'resolve_model', 'check_hub_model', 'local_path_meant', 'check_model_source',
+           'check_image_size', 'token_grid', 'default_device', 'same_device', 'cpu_bf16_native', 'default_dtype',
+           'compute_dtype', 'bf16_cost', 'check_cpu_dtype', 'prefix_lora_keys', 'read_adapter', 'lora_targeted',
+           'sde_steps', 'sde_window_at', 'model_size', 'hush_harmless_notices', 'quiet_io', 'package_object',
+           'compile_cache_dir']
 
 # %% ../nbs/00a_hub.ipynb #a4b12978
 MODEL_INDEX = {
@@ -83,11 +84,16 @@ def check_hub_model(path_or_hub_id: str, where: str = "model", timeout: float = 
         raise ValueError(f"{where}: cannot find {repo} on the Hugging Face hub ({type(e).__name__}): check the name "
                          "and your connection, or pass a local folder.") from None
 
+def local_path_meant(path_or_hub_id: str) -> bool:
+    "Whether a string names a local path rather than a Hugging Face id (owner/name; dots allowed, as in Qwen2.5-VL)."
+    s = str(path_or_hub_id)
+    return s.startswith((".", "/", "~")) or s.count("/") != 1 or s.endswith("/")
+
 def check_model_source(path_or_hub_id: str, where: str = "model") -> None:
     "Any model a loader will read: an existing local path, or a hub id cached (offline) or on the hub; else one clear line."
     s = str(path_or_hub_id)
     if Path(s).expanduser().exists(): return
-    if s.startswith((".", "/", "~")) or s.count("/") != 1 or s.endswith("/"):   # meant as a local path
+    if local_path_meant(s):
         raise ValueError(f"{where}: {s} does not exist; pass an existing folder or file, or a Hugging Face id (owner/name).")
     check_hub_model(s, where)
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .hub import default_device
+from .hub import default_device, local_path_meant
 from .model_rewards import _ModelReward
 from .rewards import Reward
 
@@ -119,15 +119,18 @@ def _torch_file(path: Path, name: str, what: str):
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
         raise ValueError(f"{name}: {path} cannot be read ({type(e).__name__}: {str(e)[:200]}); pass {what}.") from None
 
-def _hps_checkpoint(checkpoint: str, version: str) -> dict:
-    "The state dict in an HPSv2 checkpoint: a local .pt file, or `HPS_FILES[version]` of a Hub repository."
-    if version not in HPS_FILES: raise ValueError(f"hpsv2: version must be one of {', '.join(HPS_FILES)}; got {version!r}.")
+def _weights_file(checkpoint: str, filename: str) -> Path:
+    "`checkpoint` if it is a file, `filename` in it if a folder, `filename` of the Hub repository it names; a local path that is not there, as it is."
     path = Path(checkpoint).expanduser()
-    if not path.is_file():
-        if path.is_dir(): path = path / HPS_FILES[version]
-        else:
-            from huggingface_hub import hf_hub_download
-            path = Path(hf_hub_download(checkpoint, HPS_FILES[version]))
+    if path.is_dir(): return path / filename
+    if path.is_file() or local_path_meant(checkpoint): return path   # the caller says what is missing
+    from huggingface_hub import hf_hub_download
+    return Path(hf_hub_download(checkpoint, filename))
+
+def _hps_checkpoint(checkpoint: str, version: str) -> dict:
+    "The state dict in an HPSv2 checkpoint: a local .pt file, or `HPS_FILES[version]` of a folder or Hub repository."
+    if version not in HPS_FILES: raise ValueError(f"hpsv2: version must be one of {', '.join(HPS_FILES)}; got {version!r}.")
+    path = _weights_file(checkpoint, HPS_FILES[version])
     saved = _torch_file(path, "hpsv2", "HPSv2's checkpoint")
     state = saved.get("state_dict", saved) if isinstance(saved, dict) else None
     if not isinstance(state, dict): raise ValueError(f"hpsv2: {path} holds no state dict; pass HPSv2's checkpoint.")
@@ -190,13 +193,10 @@ def blip_pixels(images, size: int = 224, mean=OPENAI_MEAN, std=OPENAI_STD) -> to
 
 def _imagereward_files(checkpoint: str, med_config: str | None) -> tuple[Path, Path]:
     "(ImageReward.pt, med_config.json): a .pt file (med_config beside it or given), a folder holding both, or a Hub repository."
-    path = Path(checkpoint).expanduser()
-    if path.is_file(): ckpt, med = path, Path(med_config).expanduser() if med_config else path.with_name("med_config.json")
-    elif path.is_dir(): ckpt, med = path / "ImageReward.pt", Path(med_config).expanduser() if med_config else path / "med_config.json"
-    else:
-        from huggingface_hub import hf_hub_download
-        ckpt = Path(hf_hub_download(checkpoint, "ImageReward.pt"))
-        med = Path(med_config).expanduser() if med_config else Path(hf_hub_download(checkpoint, "med_config.json"))
+    ckpt = _weights_file(checkpoint, "ImageReward.pt")
+    if med_config: med = Path(med_config).expanduser()
+    elif Path(checkpoint).expanduser().is_file(): med = ckpt.with_name("med_config.json")   # beside the .pt file
+    else: med = _weights_file(checkpoint, "med_config.json")
     for f, what in ((ckpt, "checkpoint"), (med, "med_config")):
         if not f.is_file(): raise ValueError(f"imagereward: {f} does not exist; pass {what}= (ImageReward's ImageReward.pt and med_config.json).")
     return ckpt, med
@@ -315,11 +315,7 @@ def qwen_image_size(height: int, width: int, min_pixels: int, max_pixels: int, f
 
 def _hpsv3_state(checkpoint: str) -> tuple[dict, Path]:
     "HPSv3's state dict, keys as transformers ≥ 4.52 names them: a .safetensors/.pth file, a folder holding HPSv3.safetensors, or a Hub repository."
-    path = Path(checkpoint).expanduser()
-    if path.is_dir(): path = path / "HPSv3.safetensors"
-    elif not path.is_file() and not (path.suffix or path.is_absolute() or str(checkpoint).count("/") != 1):   # a Hub id: owner/name
-        from huggingface_hub import hf_hub_download
-        path = Path(hf_hub_download(checkpoint, "HPSv3.safetensors"))
+    path = _weights_file(checkpoint, "HPSv3.safetensors")
     if not path.is_file(): raise ValueError(f"hpsv3: {path} does not exist; pass checkpoint= HPSv3's HPSv3.safetensors (or its folder).")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
@@ -336,7 +332,7 @@ def _hpsv3_state(checkpoint: str) -> tuple[dict, Path]:
         return k
     return {name(k): v for k, v in state.items()}, path
 
-class HPSv3Reward(Reward):
+class HPSv3Reward(_ModelReward):   # its `to` moves `self.model`; the head follows
     "HPSv3: Qwen2-VL reads the image and the prompt under its authors' instruction; a head on <|Reward|> gives (μ, σ); μ is the score."
     name, model_options = "hpsv3", ("checkpoint", "backbone")
     model_bytes = 7_744_923_136 * 2 + 3_687_474 * 4   # Qwen2-VL-7B without its LM head in bf16, the head in float32
@@ -381,9 +377,7 @@ class HPSv3Reward(Reward):
         self.to(default_device(device), dtype)
 
     def to(self, device=None, dtype=None):
-        if device is not None: self.device = torch.device(device)
-        if dtype is not None: self.dtype = dtype
-        self.model.to(device=device, dtype=dtype)
+        super().to(device, dtype)
         self.head = [(w.to(device), None if b is None else b.to(device)) for w, b in self.head]   # stays float32
         return self
 

@@ -304,6 +304,10 @@ JUDGE_QUESTIONS = {
              'Answer with one number only.',
 }
 
+def _in_process(base_url) -> bool:
+    "Whether a judge's `base_url` asks for the model in this process: None, empty, or 'local' (the command line's word)."
+    return base_url in (None, "", "local")
+
 class VLMJudgeReward(Reward):
     "A vision-language model judging each image, through an OpenAI-compatible chat-completions server or in this process (`base_url=None`)."
     model_options = ("model",)   # a path or hub id to load only in process; a server's name for what it holds otherwise
@@ -316,7 +320,7 @@ class VLMJudgeReward(Reward):
         if answer not in JUDGE_QUESTIONS: raise ValueError(f"VLMJudgeReward: answer must be 'yes_no' or 'scale', not {answer!r}.")
         if answer == "scale" and not scale[1] > scale[0]: raise ValueError(f"VLMJudgeReward: scale {scale} must be (low, high), low < high.")
         self.local = None
-        if base_url in (None, "", "local"):   # in this process: the model loaded here, its images batched
+        if _in_process(base_url):   # in this process: the model loaded here, its images batched
             from glm_grpo_nb.local_judge import LocalChat
             self.local, base_url = LocalChat(model, device, dtype, batch_size), "local"
         self.base_url, self.model, self.answer, self.scale = base_url.rstrip("/"), model, answer, tuple(scale)
@@ -339,8 +343,7 @@ class VLMJudgeReward(Reward):
     def model_sources(cls, kwargs: dict) -> dict[str, str]:
         "`model` where it loads in this process; a server's model is the server's."
         defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()}
-        local = kwargs.get("base_url", defaults.get("base_url")) in (None, "", "local")
-        return super().model_sources(kwargs) if local else {}
+        return super().model_sources(kwargs) if _in_process(kwargs.get("base_url", defaults.get("base_url"))) else {}
 
     def to(self, device=None, dtype=None):
         if self.local is not None: self.local.to(device, dtype)

@@ -108,11 +108,15 @@ def make_tiny_vlm(path: str | Path, seed: int = 0) -> Path:
     return _save_atomically(path, [model, proc])
 
 # %% ../nbs/05c_tiny_rewards.ipynb #3a29c1f2
+def _byte_symbols() -> list[str]:
+    "Byte-level BPE's 256 symbols in GPT-2's order: the printable bytes as themselves, the others shifted past 255 in order."
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    return [chr(b) for b in printable] + [chr(256 + i) for i in range(len(rest))]
+
 def _clip_bpe_files(folder: Path, merges: list[tuple[str, str]]) -> None:
     "vocab.json and merges.txt in CLIP's layout: 256 byte symbols, each again with </w>, the merges' words, then the two specials."
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    rest = [b for b in range(256) if b not in printable]   # byte-level BPE's other bytes, shifted past 255 in order
-    symbols = [chr(b) for b in printable] + [chr(256 + i) for i in range(len(rest))]
+    symbols = _byte_symbols()
     words = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
     (folder / "vocab.json").write_text(json.dumps({w: i for i, w in enumerate(words)}, ensure_ascii=False))
     (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
@@ -209,10 +213,7 @@ QWEN2_VL_TEMPLATE = (
 def _byte_level_tokenizer(specials, merges, max_length=4096):
     "A byte-level BPE (GPT-2's 256 byte symbols, `merges`) with `specials` after them, as Qwen2's tokenizer is laid out."
     from tokenizers import decoders, pre_tokenizers
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    rest = [b for b in range(256) if b not in printable]
-    symbols = [chr(b) for b in printable] + [chr(256 + i) for i in range(len(rest))]
-    vocab = {s: i for i, s in enumerate(symbols + ["".join(m) for m in merges])}
+    vocab = {s: i for i, s in enumerate(_byte_symbols() + ["".join(m) for m in merges])}
     tk = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tk.decoder = decoders.ByteLevel()
