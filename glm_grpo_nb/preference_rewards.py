@@ -390,13 +390,17 @@ class HPSv3Reward(_ModelReward):   # its `to` moves `self.model`; the head follo
             h, w = qwen_image_size(im.height, im.width, self.pixels, self.pixels)
             ims.append(im.resize((w, h), Image.BICUBIC))
         px = self.image_processor(images=ims, return_tensors="pt")
-        texts = []
-        for p, n in zip(prompts, (px["image_grid_thw"].prod(-1) // self.merge ** 2).tolist()):
+        texts, counts = [], (px["image_grid_thw"].prod(-1) // self.merge ** 2).tolist()
+        for p, n in zip(prompts, counts):
             message = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": HPSV3_INSTRUCTION.format(text_prompt=p) + HPSV3_ASK}]}]
             t = self.tokenizer.apply_chat_template(message, tokenize=False, add_generation_prompt=True)
             texts.append(t.replace("<|image_pad|>", "<|image_pad|>" * n, 1))   # as Qwen2-VL's processor: one per merged patch
         enc = self.tokenizer(texts, padding=True, padding_side="right", return_tensors="pt")
-        return dict(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], pixel_values=px["pixel_values"],
+        ids = enc["input_ids"]   # checked here, before any model runs
+        if (ids == self.image_id).sum(-1).tolist() != counts:
+            raise ValueError("hpsv3: a prompt holds <|image_pad|>; remove Qwen2-VL's special tokens from the prompts.")
+        if not ((ids == self.reward_id).sum(-1) == 1).all(): raise ValueError("hpsv3: a prompt holds <|Reward|>; remove it from the prompts.")
+        return dict(input_ids=ids, attention_mask=enc["attention_mask"], pixel_values=px["pixel_values"],
                     image_grid_thw=px["image_grid_thw"])
 
     @torch.no_grad()
@@ -408,14 +412,10 @@ class HPSv3Reward(_ModelReward):   # its `to` moves `self.model`; the head follo
             ids = b["input_ids"]
             embeds = self.model.language_model.embed_tokens(ids)
             seen = self.model.visual(b["pixel_values"].to(self.dtype), grid_thw=b["image_grid_thw"]).pooler_output
-            where = ids == self.image_id
-            if where.sum() != seen.shape[0]: raise ValueError("hpsv3: a prompt holds <|image_pad|>; remove Qwen2-VL's special tokens from the prompts.")
-            embeds = embeds.masked_scatter(where[..., None].expand_as(embeds), seen.to(embeds.dtype))
+            embeds = embeds.masked_scatter((ids == self.image_id)[..., None].expand_as(embeds), seen.to(embeds.dtype))
             # positions 0, 1, 2, … for every token, the image's included: HPSv3's forward passes no position_ids
             hidden = self.model.language_model(inputs_embeds=embeds, attention_mask=b["attention_mask"]).last_hidden_state
-            at = ids == self.reward_id
-            if not (at.sum(-1) == 1).all(): raise ValueError("hpsv3: a prompt holds <|Reward|>; remove it from the prompts.")
-            x = hidden[at].float()
+            x = hidden[ids == self.reward_id].float()
             for j, (w, bias) in enumerate(self.head):
                 x = F.linear(x, w, bias)
                 if j < len(self.head) - 1: x = x.relu()
