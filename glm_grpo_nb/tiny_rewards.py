@@ -210,7 +210,7 @@ QWEN2_VL_TEMPLATE = (
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-def _byte_level_tokenizer(specials, merges, max_length=4096):
+def _byte_level_tokenizer(specials, merges):
     "A byte-level BPE (GPT-2's 256 byte symbols, `merges`) with `specials` after them, as Qwen2's tokenizer is laid out."
     from tokenizers import decoders, pre_tokenizers
     vocab = {s: i for i, s in enumerate(_byte_symbols() + ["".join(m) for m in merges])}
@@ -224,6 +224,7 @@ def make_tiny_hpsv3(path: str | Path, seed: int = 0, hidden: int = 32, layers: i
     "A tiny random HPSv3 at `path`: `HPSv3.safetensors` (Qwen2-VL with the ranknet head, saved as HPSv3 saves it) and backbone/ (config, tokenizer, image processor)."
     from safetensors.torch import save_file
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
                 "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
                 "<|image_pad|>", "<|video_pad|>"]   # Qwen2-VL's, in its order
@@ -245,10 +246,9 @@ def make_tiny_hpsv3(path: str | Path, seed: int = 0, hidden: int = 32, layers: i
                                 "hidden_size": hidden, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
               "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}   # Qwen2-VL-7B-Instruct's config.json, small
     processor = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
-                 "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+                 "image_mean": list(OPENAI_CLIP_MEAN), "image_std": list(OPENAI_CLIP_STD),
                  "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor"}
-    with torch.random.fork_rng(devices=[]), quiet_io():
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]), quiet_io():   # the classes give the names and shapes; `g` below, the values
         model = Qwen2VLForConditionalGeneration(Qwen2VLConfig(**config))
         model.resize_token_embeddings(n_tok + 1)   # HPSv3 adds <|Reward|> and resizes to the tokenizer's length
         head = torch.nn.Sequential(torch.nn.Linear(hidden, 1024), torch.nn.ReLU(), torch.nn.Dropout(0.05), torch.nn.Linear(1024, 16),
