@@ -223,11 +223,12 @@ def load_reward(name: str, **kwargs) -> Reward:
                          "or pass your own callable.")
     cls = package_object(REWARDS[name])
     kwargs = _reward_options(cls, name, kwargs)
-    for option, source in cls.model_sources(kwargs).items():   # before anything loads or any image is made
+    sources = cls.model_sources(kwargs)   # {option: path or hub id}
+    for option, source in sources.items():   # before anything loads or any image is made
         flag = f"--reward-models {name}=PATH" if option == cls.model_options[0] else f"--reward-models {name}.{option}=PATH"
         check_model_source(source, f"reward {name!r}: its {option} ({flag}, or {option}= in Python)")
     reward = cls(**kwargs)
-    reward.weights_from = cls.model_sources(kwargs)   # what it loaded, {option: path or hub id}: the card names it
+    reward.weights_from = sources   # what it loaded: the card names it
     return reward
 
 def _reward_options(cls, name: str, kwargs: dict) -> dict:
