@@ -49,7 +49,7 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow", "comet_ml", "aim", "cle
 
 # Settings name what lies beneath them: the objectives and the loss own these names (and need torch); the command line
 # offers them without importing torch, so they are written here too, and a test keeps them equal to their owners'.
-DIT_OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo", "dpo")   # the DiT's objectives: objectives.OBJECTIVE_CLASSES
+DIT_OBJECTIVES = ("flow_grpo", "grpo_guard", "flow_dppo", "nft", "awm", "dgpo", "dpo")   # the DiT's objectives: objectives.OBJECTIVE_CLASSES
 AR_OBJECTIVES = ("grpo", "dpo")   # the AR's: token_grpo.TokenGRPO, pairs.TokenDPO
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo")   # dpo.LOSS_TYPES (TRL's names)
 ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")   # loss.rollout_weights' modes
@@ -162,7 +162,9 @@ class GRPOConfig(Settings):
     train_ar: bool = setting(True, "update the AR adapters")
     train_dit: bool = setting(True, "update the DiT adapters")
     dit_objective: str = setting("flow_grpo", "the DiT's objective: flow_grpo (SDE steps' log-probs, PPO clip), grpo_guard "
-                                 "(flow_grpo with each step's log-ratio normalised and 1/|dt| weights), awm (advantage "
+                                 "(flow_grpo with each step's log-ratio normalised and 1/|dt| weights), flow_dppo (flow_grpo's "
+                                 "ratio never clipped, steps past a divergence threshold that still move with their "
+                                 "advantage dropped), awm (advantage "
                                  "weighted matching), dgpo (direct group preference optimisation) or nft "
                                  "(DiffusionNFT: the forward process of the clean samples; ODE sampling), dpo "
                                  "(Diffusion-DPO on each group's best and worst sample by reward; ODE sampling); in "
@@ -183,7 +185,10 @@ class GRPOConfig(Settings):
     kl_type: str | None = setting(None, "the DiT's KL: mean (Flow-GRPO's code: the step means' squared distance / 2s^2, "
                                   "so its beta carries over), exact (the SDE step's Gaussian KL: mean's / |dt|) or "
                                   "velocity (|v - v_ref|^2, the matching objectives' and AWM's Uniform); default mean with "
-                                  "flow_grpo and grpo_guard, velocity otherwise", ("mean", "exact", "velocity"))
+                                  "flow_grpo, grpo_guard and flow_dppo, velocity otherwise", ("mean", "exact", "velocity"))
+    dppo_threshold: float = setting(1e-5, "Flow-DPPO: the divergence tau (the step mean's squared change from the "
+                                    "sampling policy's / 2 tau_t^2, per element) past which a step that still moves with "
+                                    "its advantage is dropped (verl-omni's and UniRL's kl_mask_threshold)")
     nft_beta: float = setting(1.0, "DiffusionNFT beta: how far the implicit positive and negative policies sit from the old one")
     nft_adv_clip: float = setting(5.0, "DiffusionNFT advantage clip A_max: r = clip(A, -A_max, A_max) / (2 A_max) + 1/2")
     nft_timesteps: int | None = setting(None, "DiffusionNFT noise levels trained per sample and step, drawn from the "
@@ -223,10 +228,11 @@ class GRPOConfig(Settings):
     num_inner_epochs: int = setting(1, "passes over each sampled batch")
     updates_per_batch: int | None = setting(None, "optimiser steps per pass over a sampled batch, each on an equal share "
                                             "of its groups (prompts_per_step must be a multiple); default the objective's "
-                                            "recipe: 2 for flow_grpo and grpo_guard (Flow-GRPO's), 1 for nft, awm, dgpo")
+                                            "recipe: 2 for flow_grpo, grpo_guard and flow_dppo (Flow-GRPO's), 1 for nft, awm, dgpo")
     dit_clip_range: float | None = setting(None, "the DiT's clip range, beside the AR's clip_range: PPO's epsilon for "
-                                           "flow_grpo, grpo_guard and awm, the trust region for dgpo; default the "
-                                           "objective's recipe: 1e-4 flow_grpo and grpo_guard, 1 awm, 1e-2 dgpo")
+                                           "flow_grpo, grpo_guard and awm, the trust region for dgpo (flow_dppo never "
+                                           "clips); default the objective's recipe: 1e-4 flow_grpo and grpo_guard, 1 awm, "
+                                           "1e-2 dgpo")
     micro_batch_size: int | None = setting(None, "samples per forward/backward in the update (default: all at once)")
     decode_batch: int = setting(2, "images the VAE decodes at once (at 1024x1024 each costs about 3 GB)")
     ar_sample_batch: int | None = setting(None, "samples the AR draws at once (default: all of a step's)")
@@ -301,7 +307,7 @@ class GRPOConfig(Settings):
         for name, low, strict in (("temperature", 0, True), ("noise_level", 0, False), ("guidance_scale", 0, False),
                                   ("lr", 0, True), ("ar_lr", 0, False), ("dit_lr", 0, False), ("clip_range", 0, True),
                                   ("clip_range_high", 0, True), ("kl_coef", 0, False), ("max_grad_norm", 0, True),
-                                  ("weight_decay", 0, False), ("adam_epsilon", 0, True), ("nft_beta", 0, True), ("nft_adv_clip", 0, True),
+                                  ("weight_decay", 0, False), ("adam_epsilon", 0, True), ("nft_beta", 0, True), ("nft_adv_clip", 0, True), ("dppo_threshold", 0, True),
                                   ("nft_decay_rate", 0, False), ("nft_decay_max", 0, False), ("diversity_warning", 0, False),
                                   ("awm_ema_coef", 0, False), ("dgpo_beta", 0, True), ("dit_clip_range", 0, True), ("awm_ghuber_power", 0, True),
                                   ("matching_adv_clip", 0, True), ("ema_decay_rate", 0, False), ("ema_decay_max", 0, False),

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 # %% auto #0
-__all__ = ['ROLLOUT_IS_MODES', 'group_advantages', 'aggregate', 'clipped_surrogate', 'kl_k3', 'gaussian_kl', 'mismatch_metrics',
-           'rollout_weights']
+__all__ = ['ROLLOUT_IS_MODES', 'group_advantages', 'aggregate', 'clipped_surrogate', 'kl_k3', 'gaussian_kl', 'flow_dppo_loss',
+           'mismatch_metrics', 'rollout_weights']
 
 # %% ../nbs/00_loss.ipynb #54a5eaa7
 def _check_rewards(rewards, group_size):
@@ -166,6 +166,49 @@ def gaussian_kl(
         raise ValueError("gaussian_kl: std must be > 0; deterministic (ODE) steps have no KL, mask them out instead.")
     sq = (mean - ref_mean.detach()).pow(2).mean(dim=(-3, -2, -1))
     return sq / (2 * std ** 2)
+
+# %% ../nbs/00_loss.ipynb #7eb74bbd
+def flow_dppo_loss(
+    log_prob: torch.Tensor,       # [B] the stored next latents' log-density under the current policy (with grad)
+    old_log_prob: torch.Tensor,   # [B] the same under the sampling policy, frozen once per sampled batch
+    mean: torch.Tensor,           # [B, ...] the step's mean under the current policy, from the same stored x_t
+    old_mean: torch.Tensor,       # [B, ...] the same under the sampling policy
+    sigma_t: torch.Tensor | float,  # [B] or a number: the step's transition std
+    advantages: torch.Tensor,     # [B]
+    threshold: float = 1e-5,      # tau: entries with D >= tau that still move with their advantage are dropped
+) -> tuple[torch.Tensor, dict]:   # scalar loss to minimise, metrics
+    "Flow-DPPO: -A·ρ (never clipped) averaged over all B, with the entries past the divergence threshold that still move with A as 0."
+    if log_prob.ndim != 1 or old_log_prob.shape != log_prob.shape or advantages.shape != log_prob.shape:
+        raise ValueError(f"flow_dppo_loss: log_prob {tuple(log_prob.shape)}, old_log_prob {tuple(old_log_prob.shape)} "
+                         f"and advantages {tuple(advantages.shape)} must all be [B], one per denoising step of a sample.")
+    if mean.shape != old_mean.shape or mean.ndim < 2 or mean.shape[0] != log_prob.shape[0]:
+        raise ValueError(f"flow_dppo_loss: mean {tuple(mean.shape)} and old_mean {tuple(old_mean.shape)} must match and "
+                         f"be [B, ...] with B = {log_prob.shape[0]}.")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < float("inf"):
+        raise ValueError(f"flow_dppo_loss: threshold must be a finite number > 0 (verl-omni's 1e-5), got {threshold!r}.")
+    sigma_t = torch.as_tensor(sigma_t, dtype=mean.dtype, device=mean.device)
+    if sigma_t.ndim == 1: sigma_t = sigma_t.reshape(-1, *[1] * (mean.ndim - 1))
+    if (sigma_t <= 0).any():
+        raise ValueError("flow_dppo_loss: sigma_t must be > 0; deterministic (ODE) steps have no divergence, leave them out.")
+    advantages = advantages.detach().to(log_prob.dtype)
+    log_ratio = log_prob - old_log_prob.detach()
+    with torch.no_grad():
+        ratio = torch.exp(log_ratio)
+        per_element = (mean.detach() - old_mean).pow(2) / (2 * sigma_t.pow(2))
+        divergence = per_element.mean(dim=tuple(range(1, mean.ndim)))                      # D, [B]
+        divergent = divergence >= threshold
+        dropped = divergent & (((ratio > 1) & (advantages > 0)) | ((ratio < 1) & (advantages < 0)))
+    # a dropped entry's exponent is set to 0 before the exponential and its term to 0 after it, so a ratio that
+    # overflowed there turns neither the loss nor its gradient into NaN (0 * inf); a kept entry's ratio is exp(log_ratio)
+    zero = torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
+    loss = torch.where(dropped, zero, -advantages * torch.exp(torch.where(dropped, zero, log_ratio))).mean()
+    with torch.no_grad():
+        metrics = dict(dppo_mask_fraction=dropped.double().mean().item(),
+                       dppo_divergent_fraction=divergent.double().mean().item(),
+                       dppo_divergence_mean=divergence.mean().item(), dppo_divergence_max=divergence.max().item(),
+                       approx_kl=(torch.expm1(log_ratio) - log_ratio).mean().item(), ratio_mean=ratio.mean().item(),
+                       ratio_min=ratio.min().item(), ratio_max=ratio.max().item())
+    return loss, metrics
 
 # %% ../nbs/00_loss.ipynb #5f8aa602
 def _sampled(logprobs, sampler_logprobs, mask):

@@ -13,11 +13,12 @@ from pathlib import Path
 import torch
 
 from .hub import package_object
-from .loss import clipped_surrogate, gaussian_kl
+from .loss import clipped_surrogate, flow_dppo_loss, gaussian_kl
 from .policy import to_host
 
 # %% auto #0
-__all__ = ['FORWARD_PROCESS', 'OBJECTIVE_CLASSES', 'Objective', 'FlowGRPO', 'GRPOGuard', 'objective_class', 'make_objective']
+__all__ = ['FORWARD_PROCESS', 'OBJECTIVE_CLASSES', 'Objective', 'FlowGRPO', 'GRPOGuard', 'objective_class', 'make_objective',
+           'FlowDPPO']
 
 # %% ../nbs/04a_objectives.ipynb #f640a30a
 class Objective(ABC):
@@ -120,30 +121,45 @@ class FlowGRPO(Objective):
     name = "flow_grpo"
     defaults = {"guidance_scale": 1.5, "kl_type": "mean", "updates_per_batch": 2, "dit_clip_range": 1e-4}
 
+    needs_means = False   # whether the policy loss compares the steps' means with the sampling adapters' (GRPO-Guard, Flow-DPPO)
+
     @classmethod
     def check(cls, config):
         if config.train_dit and config.noise_level == 0:
             raise ValueError("GRPOConfig: noise_level=0 makes every denoising step deterministic, so the DiT has no "
                              "log-probs to train; pass noise_level > 0 (e.g. 0.7), dit_objective='nft' (which samples "
                              "with the ODE), or train_dit=False.")
+        if cls.needs_means and config.cps_logprob != "density":
+            raise ValueError(f"GRPOConfig: dit_objective={cls.name!r} compares the step's Gaussian density and mean with "
+                             "the sampling policy's; pass cps_logprob='density' (the default).")
 
     def sampling(self): return {"noise_level": self.config.noise_level}
 
     def learns_from(self, traj) -> bool: return bool(traj.stochastic.any())
 
     def prepare(self, traj):
-        c = self.config
-        if c.kl_coef <= 0: return {}, {}
-        key = "return_velocities" if c.kl_type == "velocity" else "return_means"
-        with torch.no_grad(), self.policy.reference():
-            ref = to_host(self.policy.latent_logprobs(traj, micro_batch_size=c.micro_batch_size, **{key: True})[1])
-        return {"reference": ref}, {}
-
-    needs_means = False   # whether the surrogate needs the steps' means (GRPO-Guard's does)
+        c, prepared = self.config, {}
+        if c.kl_coef > 0:
+            key = "return_velocities" if c.kl_type == "velocity" else "return_means"
+            with torch.no_grad(), self.policy.reference():
+                prepared["reference"] = to_host(self.policy.latent_logprobs(traj, micro_batch_size=c.micro_batch_size,
+                                                                            **{key: True})[1])
+        if self.needs_means:   # the sampling adapters' step log-probs and means, frozen before any update of this batch
+            with torch.no_grad():
+                lp, means = self.policy.latent_logprobs(traj, micro_batch_size=c.micro_batch_size, return_means=True)
+            prepared.update(old_logprobs=to_host(lp), old_means=to_host(means))
+        return prepared, {}
 
     def surrogate_terms(self, traj, logprobs, means, prepared):
         "What the clipped surrogate compares: (log-probs, old log-probs, per-step weights or None), [n, S] each."
         return logprobs, self.policy.on_device(traj.logprobs), None
+
+    def policy_loss(self, traj, logprobs, means, advantages, prepared, mask):
+        "The policy term of the loss and its metrics, from the steps' log-probs [n, S] (and means, when `needs_means`)."
+        c = self.config
+        new, old, weights = self.surrogate_terms(traj, logprobs, means, prepared)
+        return clipped_surrogate(new, old, advantages, mask=mask, clip_range=c.dit_clip_range, aggregation=c.aggregation,
+                                 weights=weights)
 
     def loss(self, traj, advantages, prepared, part):
         c, dev, kl_on = self.config, self.policy.on_device, "reference" in prepared
@@ -153,9 +169,7 @@ class FlowGRPO(Objective):
         lp, *extra = out if isinstance(out, tuple) else (out,)
         means = extra.pop(0) if want_means else None
         mask = dev(traj.stochastic[None].expand(lp.shape[0], -1))
-        new, old, weights = self.surrogate_terms(traj, lp, means, prepared)
-        loss, m = clipped_surrogate(new, old, dev(advantages), mask=mask, clip_range=c.dit_clip_range,
-                                    aggregation=c.aggregation, weights=weights)
+        loss, m = self.policy_loss(traj, lp, means, dev(advantages), prepared, mask)
         if kl_on:
             ref = dev(prepared["reference"])
             if velocity_kl: kl = ((extra[0] - ref) ** 2).mean()
@@ -172,27 +186,15 @@ class FlowGRPO(Objective):
     def plan_memory(cls, sizes):
         # the window's steps, each guidance branch, are held until one backward
         held = sizes["window_steps"] * sizes["guidance_branches"] * sizes["forward"]
-        return {}, {"activations (window steps x guidance branches)": held + sizes["recompute"]}
+        update = {"activations (window steps x guidance branches)": held + sizes["recompute"]}
+        if cls.needs_means: update["old step means (fp32)"] = sizes["window_steps"] * sizes["latents"]
+        return {}, update
 
 # %% ../nbs/04a_objectives.ipynb #504a46df
 class GRPOGuard(FlowGRPO):
     "GRPO-Guard: Flow-GRPO with every step's log-ratio on one scale (mean zero, equal spread) and 1/|dt| weights."
     name = "grpo_guard"
     needs_means = True
-
-    @classmethod
-    def check(cls, config):
-        super().check(config)
-        if config.cps_logprob != "density":
-            raise ValueError("GRPOConfig: dit_objective='grpo_guard' normalises the log-ratio of the step's Gaussian "
-                             "density; pass cps_logprob='density' (the default).")
-
-    def prepare(self, traj):
-        prepared, metrics = super().prepare(traj)
-        with torch.no_grad():   # the sampling adapters' step means and log-probs, before any update of this step
-            lp, means = self.policy.latent_logprobs(traj, micro_batch_size=self.config.micro_batch_size, return_means=True)
-        prepared.update(old_logprobs=to_host(lp), old_means=to_host(means))
-        return prepared, metrics
 
     def surrogate_terms(self, traj, logprobs, means, prepared):
         dev, window = self.policy.on_device, traj.window   # `means` holds the window's steps, in order
@@ -204,10 +206,6 @@ class GRPOGuard(FlowGRPO):
         weights = torch.where(traj.stochastic, 1 / dt.clamp_min(1e-12), torch.zeros_like(dt))
         return log_ratio, torch.zeros_like(log_ratio), dev(weights)
 
-    @classmethod
-    def plan_memory(cls, sizes):
-        resident, update = super().plan_memory(sizes)
-        return resident, {**update, "old step means (fp32)": sizes["window_steps"] * sizes["latents"]}
 
 # %% ../nbs/04a_objectives.ipynb #0da96be0
 FORWARD_PROCESS = ("ForwardProcessObjective", "DiffusionNFT", "MatchingObjective", "AWM", "DGPO")   # in forward_process
@@ -216,7 +214,7 @@ FORWARD_PROCESS = ("ForwardProcessObjective", "DiffusionNFT", "MatchingObjective
 # `forward_process` (which builds on this module's `Objective`, so this module names them and loads them when asked,
 # as `rewards.REWARDS` does its rewards); the settings take their names from here
 OBJECTIVE_CLASSES = {"flow_grpo": "objectives.FlowGRPO", "grpo_guard": "objectives.GRPOGuard",
-                     "nft": "forward_process.DiffusionNFT", "awm": "forward_process.AWM", "dgpo": "forward_process.DGPO",
+                     "flow_dppo": "objectives.FlowDPPO", "nft": "forward_process.DiffusionNFT", "awm": "forward_process.AWM", "dgpo": "forward_process.DGPO",
                      "dpo": "pairs.DiffusionDPO"}
 
 def _dit_objectives() -> dict[str, type[Objective]]:
@@ -240,3 +238,19 @@ def __getattr__(name):   # what builds on Objective lives in modules of its own;
     if name == "TokenGRPO": return package_object("token_grpo.TokenGRPO")   # the AR's objective
     if name in FORWARD_PROCESS: return package_object(f"forward_process.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+# %% ../nbs/04a_objectives.ipynb #ddc2ab9f
+class FlowDPPO(FlowGRPO):
+    "Flow-DPPO: Flow-GRPO's ratio, never clipped; a step past the divergence threshold that still moves with its advantage is dropped."
+    name = "flow_dppo"
+    needs_means = True
+
+    def policy_loss(self, traj, logprobs, means, advantages, prepared, mask):
+        dev, window = self.policy.on_device, traj.window   # `means` holds the window's steps, in order
+        n, k = logprobs.shape[0], len(window)
+        old_logprobs, old_means = dev(prepared["old_logprobs"])[:, window], dev(prepared["old_means"])
+        # one entry per (sample, window step), sample-major: the mean over all of them is the mean over the stochastic
+        # steps, as Flow-GRPO's token_mean
+        return flow_dppo_loss(logprobs[:, window].flatten(), old_logprobs.flatten(), means.flatten(0, 1),
+                              old_means.flatten(0, 1), dev(traj.step_std[window]).repeat(n), advantages.repeat_interleave(k),
+                              threshold=self.config.dppo_threshold)

@@ -20,6 +20,7 @@ from glm_grpo_nb.policy import GlmImagePolicy
 PROMPTS = ["a red square on a blue background", "a green field", "a gradient from yellow to navy", "a 'HI' sign"]
 # each objective's own settings: its noise levels, its extra state, two inner epochs where an epoch's start matters
 OWN = {"nft": dict(nft_timesteps=2, nft_decay_rate=0.3), "grpo_guard": dict(num_inner_epochs=2),
+       "flow_dppo": dict(num_inner_epochs=2, dppo_threshold=1e-7),   # the second epoch drops steps past tau
        "awm": dict(awm_timesteps=2, awm_ema_coef=0.1, ema_decay_rate=0.3, num_inner_epochs=2),
        "dgpo": dict(dgpo_timesteps=2, ema_decay_rate=0.3, num_inner_epochs=2),
        # DPO of both halves: a micro-batch holds whole groups, so each pair is in one

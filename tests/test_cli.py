@@ -21,9 +21,9 @@ def test_help_and_version(glm_grpo):
     r = run(glm_grpo, "generate", "--help")
     assert r.returncode == 0 and "--num-inference-steps" in r.stdout and "multiple of 32" in r.stdout
     r = run(glm_grpo, "train", "--help")   # every objective, and every setting of them, is an option
-    assert r.returncode == 0 and "{flow_grpo,grpo_guard,nft,awm,dgpo,dpo}" in r.stdout and "--ar-objective {grpo,dpo}" in r.stdout
+    assert r.returncode == 0 and "{flow_grpo,grpo_guard,flow_dppo,nft,awm,dgpo,dpo}" in r.stdout and "--ar-objective {grpo,dpo}" in r.stdout
     for option in ("--sde-window-schedule", "--awm-weighting", "--dgpo-beta", "--ema-decay-max", "--matching-adv-clip",
-                   "--dpo-beta", "--dpo-loss-type", "--dit-dpo-beta", "--dpo-timesteps"):
+                   "--dpo-beta", "--dpo-loss-type", "--dit-dpo-beta", "--dpo-timesteps", "--dppo-threshold"):
         assert option in r.stdout, option
     r = run(glm_grpo, "plan", "--dit-objective", "dgpo", "--train", "dit")
     assert r.returncode == 0 and "EMA DiT LoRA" in r.stdout, r.stdout + r.stderr

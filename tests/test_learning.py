@@ -1,5 +1,5 @@
 """Learning check: on the tiny GLM-Image, GRPO with a redness reward raises the reward, for AR-only, DiT-only and joint
-training, and DiT-only with GRPO-Guard and DiffusionNFT (at the learning rates `bench.learning` found for them; both rise
+training, and DiT-only with GRPO-Guard, Flow-DPPO and DiffusionNFT (at the learning rates `bench.learning` found for them; both rise
 on all three seeds measured in BENCHMARKS.md, AWM and DGPO on only some, so their learning is shown on the 1-D flows of
 `01d_matching` instead). Mean reward of the last steps against the first steps."""
 import pytest
@@ -18,6 +18,7 @@ SETTINGS = {
     "dit": dict(train_ar=False, train_dit=True, dit_lr=1e-2),
     "joint": dict(train_ar=True, train_dit=True, ar_lr=3e-3, dit_lr=3e-3),
     "dit grpo_guard": dict(train_ar=False, dit_objective="grpo_guard", dit_lr=1e-1),
+    "dit flow_dppo": dict(train_ar=False, dit_objective="flow_dppo", dit_lr=1e-2),
     "dit nft": dict(train_ar=False, dit_objective="nft", dit_lr=1e-2),
 }
 

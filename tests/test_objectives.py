@@ -13,6 +13,7 @@ SETTINGS = dict(group_size=2, prompts_per_step=2, height=64, width=64, num_infer
                 kl_coef=0.05, micro_batch_size=3, num_inner_epochs=2)
 OWN = {"flow_grpo": dict(sde_window=(0, 2), sde_window_schedule="progressive"),
        "grpo_guard": dict(sde_window=(0, 2), sde_window_schedule="random", sde_window_every=2),
+       "flow_dppo": dict(sde_window=(0, 2), dppo_threshold=1e-7),   # a small tau: steps are dropped from the first update
        "nft": dict(nft_timesteps=2, nft_decay_rate=0.2),
        "awm": dict(awm_timesteps=2, awm_ema_coef=0.1, ema_decay_rate=0.2, awm_weighting="ghuber"),
        "dgpo": dict(dgpo_timesteps=2, ema_decay_rate=0.2),

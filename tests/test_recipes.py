@@ -25,6 +25,8 @@ def test_recipe_defaults():
     flow, guard, nft, awm, dgpo = (GRPOConfig(dit_objective=o) for o in ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo"))
     assert (flow.dit_clip_range, flow.updates_per_batch, flow.kl_type) == (1e-4, 2, "mean")   # flow_grpo config/base.py, grpo.py
     assert (guard.dit_clip_range, guard.updates_per_batch) == (1e-4, 2)
+    dppo = GRPOConfig(dit_objective="flow_dppo")   # verl-omni's flowdppo example: its Flow-GRPO settings, tau 1e-5
+    assert (dppo.dppo_threshold, dppo.updates_per_batch, dppo.kl_type, dppo.guidance_scale) == (1e-5, 2, "mean", 1.5)
     assert (nft.updates_per_batch, nft.nft_decay_rate, nft.nft_decay_max, nft.guidance_scale) == (1, 0.001, 0.5, 1.0)
     assert (awm.dit_clip_range, awm.awm_weighting, awm.awm_ghuber_power, awm.awm_ema_coef) == (1.0, "ghuber", 0.25, 1.0)
     assert (awm.ema_decay_rate, awm.ema_decay_max, awm.updates_per_batch) == (0.001, 0.3, 1)
