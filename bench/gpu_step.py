@@ -45,7 +45,7 @@ PROMPTS = ["a lighthouse on a cliff at dusk, oil painting", "a bowl of ramen on 
            "a poster that says 'GRPO' in bold red letters", "a cat astronaut floating above the earth"]
 PLAN_PHASE = {"sample_ar": ["sample tokens", "build sampling copy (first call)"], "sample_dit": ["sample latents"],
               "decode": ["decode"], "update_ar": ["update AR"], "update_dit": ["update DiT"]}   # trainer phase: plan's
-OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")
+OBJECTIVES = ("flow_grpo", "grpo_guard", "flow_dppo", "nft", "awm", "dgpo")
 SETTINGS = {f"{o}-{q}": dict(objective=o, load_in_4bit=q == "nf4") for o in OBJECTIVES for q in ("nf4", "bf16")}
 SETTINGS["flow_grpo-nf4-decoupled"] = dict(objective="flow_grpo", load_in_4bit=True, mode="decoupled")
 SETTINGS["flow_grpo-nf4-i2i"] = dict(objective="flow_grpo", load_in_4bit=True, i2i=True, steps=2)

@@ -40,6 +40,7 @@ METHODS = {
     "mixgrpo": dict(dit_objective="flow_grpo", sde_window_schedule="progressive"),
     "mixgrpo_flash": dict(dit_objective="flow_grpo", sde_window_schedule="progressive", ode_solver="flash"),
     "grpo_guard": dict(dit_objective="grpo_guard"),
+    "flow_dppo": dict(dit_objective="flow_dppo"),
     "nft": dict(dit_objective="nft"),
     "awm": dict(dit_objective="awm"),
     "dgpo": dict(dit_objective="dgpo"),
@@ -48,7 +49,7 @@ MODES = {"dit": dict(train_ar=False), "joint": dict(train_ar=True, ar_lr=3e-3)}
 LRS = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1)   # the DiT's learning rates searched, the same for every method
 DIT_PHASES = ("sample_dit", "decode", "update_dit", "prepare", "optimizer")   # the DiT's own work in a step
 PER_STEP = 4   # prompts per step: two optimiser steps of two prompts for Flow-GRPO's recipe
-TRACKED = ("clip_fraction", "frozen_fraction", "group_weight", "group_weight_min", "group_weight_max")   # per step
+TRACKED = ("clip_fraction", "dppo_mask_fraction", "frozen_fraction", "group_weight", "group_weight_min", "group_weight_max")   # per step
 
 
 def run(job):

@@ -28,7 +28,7 @@ import time
 import traceback
 from pathlib import Path
 
-OBJECTIVES = ("flow_grpo", "grpo_guard", "nft", "awm", "dgpo")
+OBJECTIVES = ("flow_grpo", "grpo_guard", "flow_dppo", "nft", "awm", "dgpo")
 COMPONENTS = {"AR weights": "vision_language_encoder", "DiT weights": "transformer",
               "glyph encoder + VAE weights": ("text_encoder", "vae")}
 PLAN_PHASE = {"sample_ar": "sample tokens", "sample_dit": "sample latents", "decode": "decode",

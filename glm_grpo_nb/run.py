@@ -200,7 +200,8 @@ def _progress(self: RunLoop, res) -> tuple[dict, str]:
     accuracy = {"ar": "ar/rewards/accuracies", "dit": "dit/implicit_acc"}
     figures = [f"{h} DPO loss {m[f'{h}/dpo_loss']:.4f}, {h} accuracy {m.get(accuracy[h], 0.0):.2f}" for h in dpo]
     if not dpo or any(f"{h}/loss" in m for h in grpo):
-        figures.append(f"approx KL {kl:.2e}, clip {sum(m.get(f'{h}/clip_fraction', 0.0) for h in grpo):.3f}")
+        figures.append(f"approx KL {kl:.2e}, clip {sum(m.get(f'{h}/clip_fraction', 0.0) for h in grpo):.3f}"
+                       + (f", dropped {m['dit/dppo_mask_fraction']:.3f}" if "dit/dppo_mask_fraction" in m else ""))
     shown = {"reward": f"{m.get('reward_mean', float('nan')):.4f}",
              **({f"{h}_dpo": f"{m[f'{h}/dpo_loss']:.4f}" for h in dpo} if dpo else {"kl": f"{kl:.2e}"})}
     return (shown, f"step {res.step}: reward {m.get('reward_mean', float('nan')):.4f} ± {m.get('reward_std', 0.0):.4f}{raw}, "

@@ -150,9 +150,9 @@ def plot_history(history: list[dict], fig=None):
     # on-policy (one inner epoch, no KL term) KL and clipping are exactly 0: those panels show what does move instead
     # and the AR sampler's distance from the training forward (k3), which a correction for it would weigh against
     kl = moved([f"{half}/{k}" for half in ("ar", "dit") for k in ("approx_kl", "kl")] + ["ar/rollout_k3_kl"])
-    clip = moved([f"{half}/clip_fraction" for half in ("ar", "dit")])
+    clip = moved([f"{half}/clip_fraction" for half in ("ar", "dit")] + ["dit/dppo_mask_fraction"])   # Flow-DPPO drops, never clips
     panels = ((axes[1], kl, "KL") if kl else (axes[1], moved(["ar/grad_norm", "dit/grad_norm"]), "gradient norm (KL is 0 on-policy)"),
-              (axes[2], clip, "clip fraction") if clip else (axes[2], moved(["zero_std_fraction"]) or ["zero_std_fraction"],
+              (axes[2], clip, "clip fraction" if "dit/dppo_mask_fraction" not in clip else "clipped or dropped share") if clip else (axes[2], moved(["zero_std_fraction"]) or ["zero_std_fraction"],
                                                              "groups with equal rewards (no clipping on-policy)"))
     for ax, keys, title in panels:
         for key in keys: ax.plot(steps, [r.get(key, float("nan")) for r in h], label=key)
