@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from fastcore.basics import patch
 from PIL import Image
 
 from .hub import check_model_source, package_object
@@ -24,7 +25,7 @@ from .loss import group_advantages
 __all__ = ['CALL_NAMES', 'REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores',
            'reward_columns', 'columns_for', 'call_reward', 'evaluate_reward', 'RewardServiceError',
            'check_reward_signature', 'load_reward', 'CombinedReward', 'combine', 'user_object', 'reward_models',
-           'reward_kwargs', 'check_reward_rows']
+           'reward_kwargs', 'check_reward_rows', 'concat_outputs', 'RewardOverlap', 'served_rewards']
 
 # %% ../nbs/02_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -34,6 +35,7 @@ class Reward(ABC):
     needs_sources: bool = False
     model_options: tuple[str, ...] = ()   # its constructor's arguments that name a model to load (a path or hub id)
     model_bytes: int = 0   # GPU memory of its default weights in its default dtype (what glm-grpo plan --reward counts)
+    served: bool = False   # scored by another process (a server): its time can overlap sampling (`RewardOverlap`)
 
     @abstractmethod
     def score(self, images, prompts, targets=None, sources=None) -> torch.Tensor:
@@ -157,11 +159,16 @@ def call_reward(reward, images, prompts, targets=None, sources=None, columns=Non
     return RewardOutput(total=scores, components={name: scores}, seconds={name: seconds}, info=info, texts=texts)
 
 def evaluate_reward(reward, images, prompts, targets=None, sources=None, group_size: int | None = None,
-                    normalize: bool | None = None, columns: dict | None = None) -> RewardOutput:
+                    normalize: bool | None = None, columns: dict | None = None, precomputed: dict | None = None) -> RewardOutput:
     "The one entry point for scoring: a single reward or a `combine`d one, checked and timed."
-    # columns: the dataset's other columns, {name: [one value per image]}; each reward gets those it asks for
+    # columns: the dataset's other columns, {name: [one value per image]}; each reward gets those it asks for;
+    # precomputed: {component name: RewardOutput} already scored for these images (served rewards scored while sampling)
     _check_inputs(images, prompts, targets, sources, columns)
-    if hasattr(reward, "evaluate"):   # combined or served
+    if precomputed and reward_name(reward) in precomputed and not getattr(reward, "parts", None):
+        return precomputed[reward_name(reward)]
+    if getattr(reward, "parts", None):
+        return reward.evaluate(images, prompts, targets, sources, group_size, normalize, columns=columns, precomputed=precomputed)
+    if hasattr(reward, "evaluate"):   # served
         return reward.evaluate(images, prompts, targets, sources, group_size, normalize, **({"columns": columns} if columns else {}))
     return call_reward(reward, images, prompts, targets, sources, columns)
 
@@ -277,15 +284,16 @@ class CombinedReward(Reward):
             if hasattr(r, "check"): r.check()
 
     def evaluate(self, images, prompts, targets=None, sources=None, group_size=None, normalize=None,
-                 columns=None) -> RewardOutput:
+                 columns=None, precomputed=None) -> RewardOutput:
         "Score and report every component; `normalize` overrides the constructor's (False: plain weighted sum)."
+        # precomputed: {component name: RewardOutput} of components already scored for these images
         _check_inputs(images, prompts, targets, sources, columns)
         normalize = self.normalize if normalize is None else normalize
         if normalize and not group_size:
             raise ValueError("combine(normalize=True) z-scores each component inside its group; pass group_size.")
         total, comps, secs, info, texts = torch.zeros(len(images)), {}, {}, {}, {}
-        for name, r, w in self.parts:
-            o = call_reward(r, images, prompts, targets, sources, columns)   # each part: the columns it asks for
+        for name, r, w in self.parts:   # each part: the columns it asks for
+            o = (precomputed or {}).get(name) or call_reward(r, images, prompts, targets, sources, columns)
             comps[name], secs[name] = o.total, o.seconds[name]
             info.update(o.info); texts.update(o.texts)
             total += w * (group_advantages(o.total, group_size)[0] if normalize else o.total)
@@ -340,3 +348,104 @@ def check_reward_rows(reward, dataset, where: str = "reward") -> None:
         if callable(getattr(r, "check_rows", None)):
             rows = rows or [{"prompt": e.prompt, **(e.columns or {})} for e in dataset.examples]
             r.check_rows(rows, f"{where} {reward_name(r)!r}")
+
+# %% ../nbs/02_rewards.ipynb #33b3cdf9
+def concat_outputs(outputs: list[RewardOutput], rows: list[list[int]] | None = None) -> RewardOutput:
+    "One RewardOutput from those of chunks of the images (`rows`: each chunk's sample indices; default: in order), by sample index."
+    if not outputs: raise ValueError("concat_outputs: no outputs to join.")
+    cat = lambda key: {k: torch.cat([getattr(o, key)[k] for o in outputs]) for k in getattr(outputs[0], key)}
+    texts = {k: [t for o in outputs for t in o.texts[k]] for k in outputs[0].texts}
+    seconds = {k: sum(o.seconds.get(k, 0.0) for o in outputs) for k in outputs[0].seconds}
+    out = RewardOutput(total=torch.cat([o.total for o in outputs]), components=cat("components"), seconds=seconds,
+                       info=cat("info"), texts=texts)
+    if rows is None: return out
+    order = [r for rs in rows for r in rs]
+    if sorted(order) != list(range(len(order))):
+        raise ValueError(f"concat_outputs: the chunks' rows must cover 0..{len(order) - 1} once each, got {order}.")
+    return out.select(torch.argsort(torch.tensor(order)).tolist())
+
+def _covered_before(intervals: list[tuple[float, float]], t: float) -> tuple[float, float]:
+    "(seconds of the union of `intervals` before time t, seconds of the whole union)."
+    merged = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]: merged[-1][1] = max(merged[-1][1], b)
+        else: merged.append([a, b])
+    return sum(max(0.0, min(b, t) - a) for a, b in merged), sum(b - a for a, b in merged)
+
+class RewardOverlap:
+    "Served rewards scored chunk by chunk on a bounded pool while the next chunk samples; the rest after sampling."
+    def __init__(self, reward, prompts, targets=None, sources=None, group_size: int | None = None,
+                 columns: dict | None = None, max_inflight: int = 2):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+        if isinstance(max_inflight, bool) or not isinstance(max_inflight, int) or max_inflight < 1:
+            raise ValueError(f"RewardOverlap: max_inflight must be an int >= 1, got {max_inflight!r}.")
+        self.reward, self.prompts, self.targets, self.sources = reward, list(prompts), targets, sources
+        self.group_size, self.columns = group_size, columns or {}
+        self.whole = not getattr(reward, "parts", None)   # the reward itself is served (scored as evaluate_reward does)
+        parts = [(reward_name(reward), reward)] if self.whole else [(n, r) for n, r, _ in reward.parts]
+        self.served = [(n, r) for n, r in parts if getattr(r, "served", False)]
+        self.sent = {n: [] for n, _ in self.served}   # name -> [(rows, future)], in the order sent
+        self._locks = {n: threading.Lock() for n, _ in self.served}
+        self._count, self.inflight, self.inflight_peak, self._spans = threading.Lock(), 0, 0, []
+        self.pool = ThreadPoolExecutor(max_inflight, thread_name_prefix="reward-overlap") if self.served else None
+
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.close()
+
+    def close(self) -> None:
+        "Cancel the calls not started, wait for those that are (each bounded by its reward's own timeout)."
+        if self.pool is not None: self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pool = None
+
+# %% ../nbs/02_rewards.ipynb #97c9a107
+@patch
+def submit(self: RewardOverlap, rows, images) -> None:
+    "Send the images of samples `rows` (whole groups) to every served reward; returns at once."
+    rows = [int(r) for r in rows]
+    if len(rows) != len(images): raise ValueError(f"RewardOverlap.submit: {len(images)} images for {len(rows)} rows.")
+    G = self.group_size
+    if G and (len(rows) % G or any(r % G != k % G for k, r in enumerate(rows))):
+        raise ValueError(f"RewardOverlap.submit: rows {rows} are not whole groups of {G}; send group-aligned chunks so "
+                         "no group is scored in part.")
+    for name, reward in self.served:
+        self.sent[name].append((rows, self.pool.submit(self._score, name, reward, rows, list(images))))
+
+@patch
+def _score(self: RewardOverlap, name, reward, rows, images) -> RewardOutput:
+    "One served reward on one chunk, as the serial path scores it (in a worker thread)."
+    pick = lambda xs: None if xs is None else [xs[r] for r in rows]
+    columns = {k: pick(v) for k, v in self.columns.items()}
+    with self._locks[name]:   # one call to a reward at a time: its last_info and last_texts are the object's
+        with self._count:
+            self.inflight += 1; self.inflight_peak = max(self.inflight_peak, self.inflight)
+        start = time.perf_counter()
+        try:
+            if self.whole: return evaluate_reward(reward, images, pick(self.prompts), pick(self.targets), pick(self.sources),
+                                                  group_size=self.group_size, columns=columns or None)
+            return call_reward(reward, images, pick(self.prompts), pick(self.targets), pick(self.sources), columns)
+        finally:
+            with self._count:
+                self.inflight -= 1; self._spans.append((start, time.perf_counter()))
+
+@patch
+def result(self: RewardOverlap, images) -> tuple[RewardOutput, dict]:
+    "Wait for every served chunk, score the rest on all `images`, combine: (the reward output, overlap metrics)."
+    if len(images) != len(self.prompts):
+        raise ValueError(f"RewardOverlap.result: {len(images)} images for {len(self.prompts)} prompts.")
+    waited, precomputed = time.perf_counter(), {}
+    for name, sent in self.sent.items():
+        missing = sorted(set(range(len(images))) - {r for rows, _ in sent for r in rows})
+        if missing: raise ValueError(f"RewardOverlap.result: samples {missing} were never sent to {name!r}; submit every "
+                                     "chunk before asking for the result.")
+        precomputed[name] = concat_outputs([f.result() for _, f in sent], [rows for rows, _ in sent])   # raises a worker's error
+    wait = time.perf_counter() - waited
+    hidden, busy = _covered_before(self._spans, waited)
+    out = evaluate_reward(self.reward, images, self.prompts, self.targets, self.sources, group_size=self.group_size,
+                          columns=self.columns or None, precomputed=precomputed)
+    return out, {"wait_s": wait, "overlap": hidden / busy if busy > 0 else 0.0, "inflight_peak": float(self.inflight_peak)}
+
+def served_rewards(reward) -> list[str]:
+    "The names of the rewards in `reward` (itself or its components) that are served by another process."
+    parts = [r for _, r, _ in reward.parts] if getattr(reward, "parts", None) else [reward]
+    return [reward_name(r) for r in parts if getattr(r, "served", False)]

@@ -216,6 +216,7 @@ def _numbers(values, what: str, n: int | None = None) -> list[float]:
 
 class RemoteReward(Reward):
     "A reward served over HTTP by `serve_reward` (or anything speaking its protocol): scores, components, info, texts."
+    served = True   # its time can overlap sampling (rewards.RewardOverlap)
     def __init__(self, url: str, timeout: float = 300.0, wait: float = REWARD_WAIT, token: str | None = None,
                  backoff: float = 0.5):
         # timeout: seconds one request may take; wait: seconds the service may be away (down, restarting, 5xx)
@@ -331,6 +332,9 @@ class VLMJudgeReward(Reward):
         self.timeout, self.wait, self.backoff = timeout, wait, backoff
         self._local, self.last_texts = threading.local(), {}
         self.check()
+
+    @property
+    def served(self) -> bool: return self.local is None   # on a server, its time can overlap sampling
 
     def _session(self):
         import requests
