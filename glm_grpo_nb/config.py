@@ -236,7 +236,12 @@ class GRPOConfig(Settings):
     micro_batch_size: int | None = setting(None, "samples per forward/backward in the update (default: all at once)")
     decode_batch: int = setting(2, "images the VAE decodes at once (at 1024x1024 each costs about 3 GB)")
     ar_sample_batch: int | None = setting(None, "samples the AR draws at once (default: all of a step's)")
-    dit_sample_batch: int | None = setting(None, "samples the DiT denoises at once (default: all of a step's)")
+    dit_sample_batch: int | None = setting(None, "samples the DiT denoises at once (default: all of a step's; with a served "
+                                           "reward scored while sampling, one group)")
+    reward_overlap: bool | None = setting(None, "score served rewards (a reward server, a judge on a server) chunk by chunk "
+                                          "while the DiT samples the next chunk (default: on where one is in the mix; "
+                                          "joint mode)")
+    reward_max_inflight: int = setting(2, "served rewards' calls out at once while sampling (each reward takes one at a time)")
     max_grad_norm: float = setting(1.0, "gradient-norm clipping, per half")
     optimizer: str = setting("adamw", "optimiser (adamw8bit: bitsandbytes' 8-bit AdamW)", ("adamw", "adamw8bit"))
     weight_decay: float = setting(0.0, "AdamW weight decay")
@@ -301,7 +306,7 @@ class GRPOConfig(Settings):
                           ("keep_checkpoints", 1), ("seed", 0), ("max_consecutive_skips", 0), ("keep_results", 1),
                           ("nft_timesteps", 1), ("nft_decay_warmup", 0), ("sde_window_every", 1),
                           ("sde_window_stride", 1), ("awm_timesteps", 1), ("dgpo_timesteps", 1), ("log_images_every", 0),
-                          ("updates_per_batch", 1), ("dgpo_trunc_steps", 0), ("dgpo_switch_ema_step", 0), ("dpo_timesteps", 1)):
+                          ("updates_per_batch", 1), ("reward_max_inflight", 1), ("dgpo_trunc_steps", 0), ("dgpo_switch_ema_step", 0), ("dpo_timesteps", 1)):
             self._integer(name, low)
         self._check_trackers()
         for name, low, strict in (("temperature", 0, True), ("noise_level", 0, False), ("guidance_scale", 0, False),
@@ -316,6 +321,7 @@ class GRPOConfig(Settings):
         if not (self._finite(self.top_p) and 0 < self.top_p <= 1): raise self._bad("top_p", "in (0, 1]")
         for name in ("train_ar", "train_dit"):
             if not isinstance(getattr(self, name), bool): raise self._bad(name, "True or False")
+        if self.reward_overlap not in (None, True, False): raise self._bad("reward_overlap", "True, False or None (on where a reward is served)")
         if not (self.train_ar or self.train_dit):
             raise ValueError("GRPOConfig: train_ar and train_dit are both False; nothing would train.")
         dpo = [h for h, o in (("ar", self.ar_objective), ("dit", self.dit_objective)) if isinstance(o, str) and o == "dpo"]

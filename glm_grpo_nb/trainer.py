@@ -5,6 +5,7 @@
 # %% ../nbs/07_trainer.ipynb #072a3a96
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from .faults import FaultTolerance, OutOfMemory, TrainingStopped, is_out_of_memo
 from .objectives import TokenGRPO, make_objective
 from .pairs import TokenDPO
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows
-from .rewards import (NonFiniteRewardError, RewardOutput, check_reward_rows, check_reward_signature, evaluate_reward,
+from .rewards import (NonFiniteRewardError, RewardOutput, RewardOverlap, check_reward_rows, check_reward_signature, evaluate_reward, served_rewards,
                                  reward_name)
 from .run import FitSummary, RunLoop, _as_dataset, _chunks, _columns  # noqa: F401 (FitSummary: documented here too)
 from .tokens import TokenRollout, concat_rollouts
@@ -45,6 +46,7 @@ class Sample:
     dit_reward: RewardOutput | None = None       # decoupled: their rewards
     seconds: dict = field(default_factory=dict)
     columns: dict = field(default_factory=dict)  # the dataset's other columns, {name: [N] values}
+    overlap: dict = field(default_factory=dict)  # served rewards scored while sampling: wait_s, overlap, inflight_peak
 
     def select(self, rows) -> "Sample":
         "The samples `rows` (whole groups, for sharding across processes)."
@@ -58,7 +60,7 @@ class Sample:
                       rollout=self.rollout.select(rows).regroup(G), trajectory=self.trajectory.select(rows).regroup(G),
                       images=pick(self.images), reward=rsel(self.reward), dit_images=pick(self.dit_images),
                       dit_reward=rsel(self.dit_reward), seconds=self.seconds,
-                      columns={k: pick(v) for k, v in self.columns.items()})
+                      columns={k: pick(v) for k, v in self.columns.items()}, overlap=self.overlap)
 
 # %% ../nbs/07_trainer.ipynb #56f45230
 @dataclass
@@ -143,6 +145,10 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         self.objectives["ar"].setup(self, ar_named, c.train_ar)
         self.objectives["dit"].setup(self, dit_named, c.train_dit)
         self._diversity_warned = False
+        if c.reward_overlap and self._overlap_chunk() is None:   # asked for, and nothing to overlap: said once, here
+            why = ("decoupled mode scores its two groups after sampling" if c.mode == "decoupled" and served_rewards(self.reward_fn)
+                   else "no reward here is served by another process (a RemoteReward, a judge on a server)")
+            warnings.warn(f"GRPOConfig: reward_overlap=True, but {why}; the rewards are scored after sampling, as without it.")
         if self.policy.sampling_copy and self.policy.prompt_bucket is None: self._reserve_prompt_bucket()
         if self.policy.sampling_copy and self.policy.row_bucket is None:   # rows per decode call: training's sampling batch
             rows = c.prompts_per_step * c.group_size
@@ -217,6 +223,9 @@ def sample(self: GRPOTrainer, prompts=None, targets=None, sources=None, step: in
     decode = lambda traj: self._retry_oom("decode", len(ps), lambda: pol.decode(traj, self.config.decode_batch))
     with _timed(sec, "sample_ar"):
         roll = self._retry_oom("sample_ar", len(ps), lambda: self._sample_ar(prompts, sources, seeds(len(ps))))
+    if c.mode == "joint" and (chunk := self._overlap_chunk()) is not None:   # a served reward: scored while sampling
+        traj, images, reward, overlap = self._sample_overlapped(roll, ps, ts, ss, cs, seeds(len(ps), 1), chunk, latent_kw, sec)
+        return Sample(ps, ts, ss, G, roll, traj, images, reward, seconds=sec, columns=cs, overlap=overlap)
     if c.mode == "joint":
         with _timed(sec, "sample_dit"):
             with dit.sampling_adapter(): traj = self._retry_oom("sample_dit", len(ps), lambda: self._sample_dit(
@@ -239,6 +248,33 @@ def sample(self: GRPOTrainer, prompts=None, targets=None, sources=None, step: in
     with _timed(sec, "reward"):
         reward, dit_reward = score(self.ar_reward_fn, images), score(self.dit_reward_fn, dit_images)
     return Sample(ps, ts, ss, G, roll, traj, images, reward, dit_images, dit_reward, seconds=sec, columns=cs)
+
+@patch
+def _overlap_chunk(self: GRPOTrainer) -> int | None:
+    "Samples per chunk when a served reward is scored while the DiT samples (joint mode), else None."
+    c, G = self.config, self.config.group_size
+    if c.mode != "joint" or c.reward_overlap is False or not served_rewards(self.reward_fn): return None
+    # one group per chunk unless dit_sample_batch says more (rounded up to whole groups): no group is scored in part
+    return G if c.dit_sample_batch is None else -(-c.dit_sample_batch // G) * G
+
+@patch
+def _sample_overlapped(self: GRPOTrainer, roll, ps, ts, ss, cs, seed, chunk, latent_kw, sec):
+    "The DiT's samples chunk by chunk, each decoded and sent to the served rewards while the next one samples."
+    c, pol, G, dit = self.config, self.policy, self.config.group_size, self.objectives["dit"]
+    trajs, images = [], []
+    with RewardOverlap(self.reward_fn, ps, ts, ss, group_size=G, columns=cs, max_inflight=c.reward_max_inflight) as ov:
+        for rows in _chunks(len(ps), chunk):   # each chunk as `_sample_dit` makes it with dit_sample_batch=chunk
+            part = roll.select(rows)
+            with _timed(sec, "sample_dit"), dit.sampling_adapter():
+                traj = self._retry_oom("sample_dit", len(rows), lambda: self._sample_dit(
+                    part, seed=[seed[r] for r in rows], **latent_kw, **dit.sampling()))
+            with _timed(sec, "decode"):
+                decoded = self._retry_oom("decode", len(rows), lambda: pol.decode(traj, self.config.decode_batch))
+            ov.submit(rows, decoded)
+            trajs.append(traj); images += decoded
+        traj = concat_trajectories(trajs, pol.processor.tokenizer.pad_token_id).regroup(G)
+        with _timed(sec, "reward"): reward, overlap = ov.result(images)
+    return traj, images, reward, overlap
 
 @patch
 def _sample_ar(self: GRPOTrainer, prompts, sources, seeds) -> TokenRollout:

@@ -95,6 +95,7 @@ def update(self: Updates, s, snapshot=None) -> UpdateResult:
     metrics = {"reward_mean": stats["reward_mean"], "reward_std": stats["reward_std"], "zero_std_fraction": stats["zero_std_fraction"]}
     for k, v in s.reward.components.items(): metrics[f"reward/{k}"] = v.mean().item()
     for k, v in s.reward.info.items(): metrics[f"info/{k}"] = v.mean().item()
+    for k, v in s.overlap.items(): metrics[f"reward/{k}"] = v   # served rewards scored while sampling: wait_s, overlap, inflight_peak
     if s.dit_reward is not None: metrics["dit_reward_mean"] = s.dit_reward.total.mean().item()
     metrics["diversity"] = self._diversity(s.images)
     if s.dit_images is not None: metrics["dit_diversity"] = self._diversity(s.dit_images)
