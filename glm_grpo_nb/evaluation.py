@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import re
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from .ocr import edit_distance, prompt_texts
 from .rewards import reward_name
 
 # %% auto #0
-__all__ = ['SAMPLERS', 'text_metrics', 'bootstrap_interval', 'evaluate_model']
+__all__ = ['SAMPLERS', 'text_metrics', 'bootstrap_interval', 'ServedWhileMaking', 'evaluate_model']
 
 # %% ../nbs/08b_evaluation.ipynb #8482415e
 def _words(text: str) -> list[str]:
@@ -127,8 +128,9 @@ def _out_of_memory(e: BaseException) -> bool:
     if oom: _free_memory()
     return oom
 
-def _generate(entries, rows, out: Path, samples_per_prompt: int, seed: int, progress: bool) -> dict[str, list[Path]]:
-    "Every model's images (made only where missing), as {model: [path of image k]}."
+def _generate(entries, rows, out: Path, samples_per_prompt: int, seed: int, progress: bool,
+              made=None) -> dict[str, list[Path]]:
+    "Every model's images (made only where missing), as {model: [path of image k]}; each batch also to `made.submit` if given."
     from tqdm.auto import tqdm
     jobs = [(name, k) for name in entries for k in range(len(rows) * samples_per_prompt)]
     paths = {name: [out / "images" / name / f"{k:05d}.png" for k in range(len(rows) * samples_per_prompt)] for name in entries}
@@ -156,14 +158,59 @@ def _generate(entries, rows, out: Path, samples_per_prompt: int, seed: int, prog
                     raise ValueError(f"evaluate_model: model {name!r} returned a {type(image).__name__}, not a PIL image.")
                 atomic_write(paths[name][k], lambda t: image.convert("RGB").save(t, format="PNG"))
                 bar.update(1)
+            if made is not None: made.submit(name, ks, [im.convert("RGB") for im in images])   # the pixels the PNGs hold
             done += len(ks)
         if hasattr(m, "close"): m.close()
     bar.close()
     return paths
 
+def _batch_inputs(rows, ks, samples_per_prompt: int):
+    "What the metrics of images `ks` are given: (prompts, targets or None, sources or None, the dataset's other columns)."
+    r = [rows[k // samples_per_prompt] for k in ks]
+    targets = [x["target"] for x in r] if all(x["target"] is not None for x in r) else None
+    sources = [x["sources"] for x in r] if all(x["sources"] is not None for x in r) else None
+    return [x["prompt"] for x in r], targets, sources, {c: [x[c] for x in r] for c in r[0] if c not in COLUMNS}
+
+class ServedWhileMaking:
+    "The served metrics scored on each batch of images as it is made, on a bounded pool; `_score` takes them by index."
+    def __init__(self, rewards, rows, samples_per_prompt: int, max_inflight: int = 2):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+        from glm_grpo_nb.rewards import reward_name
+        self.rows, self.samples_per_prompt = rows, samples_per_prompt
+        self.served = [r for r in rewards if getattr(r, "served", False)]
+        self.locks = {reward_name(r): threading.Lock() for r in self.served}   # one call to a reward at a time
+        self.sent = {}   # (model, reward name) -> {image k: (future, its place in the batch)}
+        self.pool = ThreadPoolExecutor(max_inflight, thread_name_prefix="reward-overlap") if self.served else None
+
+    def submit(self, name: str, ks, images) -> None:
+        from glm_grpo_nb.rewards import reward_name
+        inputs = _batch_inputs(self.rows, ks, self.samples_per_prompt)
+        for reward in self.served:
+            f = self.pool.submit(self._score, reward, images, *inputs)
+            self.sent.setdefault((name, reward_name(reward)), {}).update({k: (f, i) for i, k in enumerate(ks)})
+
+    def _score(self, reward, images, prompts, targets, sources, columns):
+        from glm_grpo_nb.rewards import evaluate_reward, reward_name
+        with self.locks[reward_name(reward)]:
+            return evaluate_reward(reward, images, prompts, targets, sources, normalize=False, columns=columns)
+
+    def output(self, name: str, reward, ks):
+        "The RewardOutput of images `ks` of model `name` if they were all sent, else None (scored then as before)."
+        from glm_grpo_nb.rewards import concat_outputs, reward_name
+        sent = self.sent.get((name, reward_name(reward)), {})
+        if not all(k in sent for k in ks): return None
+        return concat_outputs([sent[k][0].result().select([sent[k][1]]) for k in ks])   # a failed call raises here
+
+    def close(self) -> None:
+        if self.pool is not None: self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pool = None
+
 # %% ../nbs/08b_evaluation.ipynb #f40af063
-def _score(paths, rows, rewards, samples_per_prompt: int, benchmark: str | None = None, batch: int = 16) -> dict[str, list[dict]]:
+def _score(paths, rows, rewards, samples_per_prompt: int, benchmark: str | None = None, batch: int = 16,
+           made: ServedWhileMaking | None = None) -> dict[str, list[dict]]:
     "Per model, one dict per image: what the OCR read, the text metrics (prompts with text), every reward's score."
+    # made: the served metrics already scored while the images were made (images made before this call are scored here)
     from glm_grpo_nb.rewards import evaluate_reward, reward_name
     n = len(rows) * samples_per_prompt
     wanted = [[t for t in prompt_texts(rows[k // samples_per_prompt]["prompt"]) if t.split()] for k in range(n)]
@@ -176,14 +223,11 @@ def _score(paths, rows, rewards, samples_per_prompt: int, benchmark: str | None 
         for start in range(0, len(files), batch):
             ks = range(start, min(start + batch, len(files)))
             images = [Image.open(files[k]).convert("RGB") for k in ks]
-            r = [rows[k // samples_per_prompt] for k in ks]
-            targets = [x["target"] for x in r] if all(x["target"] is not None for x in r) else None
-            sources = [x["sources"] for x in r] if all(x["sources"] is not None for x in r) else None
-            columns = {c: [x[c] for x in r] for c in r[0] if c not in COLUMNS}   # the dataset's other columns
+            prompts, targets, sources, columns = _batch_inputs(rows, ks, samples_per_prompt)
             part = [{} for _ in ks]
             for reward in rewards:
-                res = evaluate_reward(reward, images, [x["prompt"] for x in r], targets, sources, normalize=False,
-                                      columns=columns)
+                res = None if made is None else made.output(name, reward, ks)
+                if res is None: res = evaluate_reward(reward, images, prompts, targets, sources, normalize=False, columns=columns)
                 key = reward_name(reward)
                 reads = next((v for t, v in res.texts.items() if t.endswith("read")), None)
                 for i, k in enumerate(ks):
@@ -346,10 +390,14 @@ def evaluate_model(
     sampler: str = "policy",           # "policy": batched, as training samples (PolicyModel); "pipeline": the stock pipeline, one image per call
     batch_size: int = 8,               # images a policy sampler makes at once (halved on out-of-memory)
     load_in_4bit: bool = False,        # the policy sampler's base weights in NF4
+    reward_overlap: bool | None = None,  # score served metrics on each batch as it is made (default: on where one is served)
+    reward_max_inflight: int = 2,      # served metrics' calls out at once while images are made
     progress: bool = True,
 ) -> dict:                             # what metrics.json holds
     "Generate and score images of the base model and each adapter folder on the same prompts and seeds; write a report."
     if samples_per_prompt is None: samples_per_prompt = 4 if benchmark == "geneval" else 1
+    if isinstance(reward_max_inflight, bool) or not isinstance(reward_max_inflight, int) or reward_max_inflight < 1:
+        raise ValueError(f"evaluate_model: reward_max_inflight must be an int >= 1, got {reward_max_inflight!r}.")
     if not isinstance(samples_per_prompt, int) or samples_per_prompt < 1:
         raise ValueError(f"evaluate_model: samples_per_prompt must be an int >= 1, got {samples_per_prompt!r}.")
     if prompts is None: raise ValueError("evaluate_model: pass prompts= (a prompts file, a list, or a dataset).")
@@ -385,8 +433,16 @@ def evaluate_model(
         settings["models"] = {**before.get("models", {}), **sources}
     out.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(settings, indent=1))
-    paths = _generate(entries, rows, out, samples_per_prompt, seed, progress)
-    scored = _score(paths, rows, rewards, samples_per_prompt, benchmark)
+    served = [r for r in rewards if getattr(r, "served", False)]
+    if reward_overlap and not served:
+        warnings.warn("evaluate_model: reward_overlap=True, but no metric is served by another process (a RemoteReward, a "
+                      "judge on a server); the images are scored after they are made, as without it.")
+    made = ServedWhileMaking(rewards, rows, samples_per_prompt, reward_max_inflight) if served and reward_overlap is not False else None
+    try:
+        paths = _generate(entries, rows, out, samples_per_prompt, seed, progress, made)
+        scored = _score(paths, rows, rewards, samples_per_prompt, benchmark, made=made)
+    finally:
+        if made is not None: made.close()
     scorers = {reward_name(r): r.scorers for r in rewards if getattr(r, "scorers", None)}   # e.g. GenEval's detector and CLIP
     summary = _summary(scored, rows, samples_per_prompt)
     if benchmark is not None:

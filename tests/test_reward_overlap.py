@@ -112,3 +112,34 @@ def test_overlap_asked_for_with_nothing_served_says_so_once(tiny_path):
     t.close()
     with pytest.raises(ValueError, match="reward_max_inflight"):
         GRPOTrainer(policy, RednessReward(), PROMPTS, **SETTINGS, reward_max_inflight=0)
+
+
+def test_evaluation_scores_served_metrics_while_making_images_the_same(servers, tmp_path, monkeypatch):
+    "glm-grpo evaluate: a served metric scored on each batch as it is made gives samples.csv as scoring afterwards does."
+    from glm_grpo_nb.evaluation import ServedWhileMaking, evaluate_model
+    taken, output = [], ServedWhileMaking.output
+    def counted(self, name, reward, ks):
+        out = output(self, name, reward, ks)
+        taken.append(out is not None)
+        return out
+    monkeypatch.setattr(ServedWhileMaking, "output", counted)
+
+    class Colours:   # an image model of its own: a colour field per prompt and seed, four images a batch
+        batch_size = 4
+        def batch(self, prompts, seeds, sources=None):
+            return [Image.new("RGB", (32, 32), ((37 * s) % 256, (91 * s) % 256, len(p) % 256)) for p, s in zip(prompts, seeds)]
+
+    from PIL import Image
+    metrics = [RemoteReward(servers[0].url), RemoteReward(servers[1].url), "redness"]
+    runs = {}
+    for overlap in (True, False):
+        out = tmp_path / f"overlap_{overlap}"
+        res = evaluate_model(prompts=PROMPTS, out=out, metrics=metrics, models={"colours": Colours()}, samples_per_prompt=3,
+                             reward_overlap=overlap, progress=False)
+        runs[overlap] = ((out / "samples.csv").read_text(), res["models"])
+        # with the overlap every served metric of every batch came from what was scored while the images were made
+        assert (taken == [True, True, False]) if overlap else not taken, taken   # 2 served metrics, one batch; redness here
+        taken.clear()
+    assert runs[True] == runs[False]
+    assert "late_first" in runs[True][0] and "late_last" in runs[True][0]
+    assert not [th for th in threading.enumerate() if th.name.startswith("reward-overlap")]
