@@ -313,13 +313,15 @@ def qwen_image_size(height: int, width: int, min_pixels: int, max_pixels: int, f
         h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
     return h, w
 
-def _hpsv3_state(checkpoint: str) -> tuple[dict, Path]:
+def _hpsv3_state(checkpoint: str, device=None) -> tuple[dict, Path]:
     "HPSv3's state dict, keys as transformers ≥ 4.52 names them: a .safetensors/.pth file, a folder holding HPSv3.safetensors, or a Hub repository."
+    # a .safetensors file is read tensor by tensor straight onto `device` (the file is mapped, never held whole in host
+    # memory: the released one is 15.5 GB); a .pth file is unpickled on the host first (weights only), as torch reads it
     path = _weights_file(checkpoint, "HPSv3.safetensors")
     if not path.is_file(): raise ValueError(f"hpsv3: {path} does not exist; pass checkpoint= HPSv3's HPSv3.safetensors (or its folder).")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
-        try: state = load_file(str(path))
+        try: state = load_file(str(path), device=str(device or "cpu"))
         except Exception as e: raise ValueError(f"hpsv3: {path} cannot be read ({type(e).__name__}: {str(e)[:200]}); pass HPSv3's checkpoint.") from None
     else:
         state = _torch_file(path, "hpsv3", "HPSv3's checkpoint")
@@ -343,7 +345,8 @@ class HPSv3Reward(_ModelReward):   # its `to` moves `self.model`; the head follo
         if isinstance(dtype, str):   # from the command line: --reward-models hpsv3.dtype=float32
             if dtype not in ("bfloat16", "float16", "float32"): raise ValueError(f"hpsv3: dtype must be bfloat16, float16 or float32; got {dtype!r}.")
             dtype = getattr(torch, dtype)
-        state, path = _hpsv3_state(checkpoint)
+        device = default_device(device)
+        state, path = _hpsv3_state(checkpoint, device)   # onto the device it scores on: no host copy of the checkpoint
         self.tokenizer = AutoTokenizer.from_pretrained(backbone)
         if self.tokenizer.chat_template is None: raise ValueError(f"hpsv3: the tokenizer of {backbone} has no chat template; pass backbone= the Qwen2-VL HPSv3 was trained from.")
         self.tokenizer.add_special_tokens({"additional_special_tokens": ["<|Reward|>"]})   # as HPSv3's create_model_and_processor
@@ -374,7 +377,7 @@ class HPSv3Reward(_ModelReward):   # its `to` moves `self.model`; the head follo
         self.model.eval().requires_grad_(False)
         self.image_id, self.merge = config.image_token_id, self.image_processor.merge_size
         self.pixels, self.batch_size, self.dtype, self.last_info = pixels, batch_size, dtype, {}
-        self.to(default_device(device), dtype)
+        self.to(device, dtype)
 
     def to(self, device=None, dtype=None):
         super().to(device, dtype)
