@@ -145,14 +145,14 @@ def _flags(change: dict) -> str:
 _TRAINED = {f.name: f.default for f in dataclasses.fields(GRPOConfig)} | TRAIN_DEFAULTS
 _TRAIN = inspect.signature(train).parameters
 
-def _reward_bytes(reward: str) -> dict[str, int]:
-    "{name: bytes} of the built-in rewards in a --reward string (servers' URLs and rewards of your own: none here)."
+def _reward_bytes(reward: str, models: str = "") -> dict[str, int]:
+    "{name: bytes} of the built-in rewards in a --reward string as --reward-models sets them (servers' URLs and rewards of your own: none here)."
     from glm_grpo_nb.hub import package_object
-    from glm_grpo_nb.rewards import REWARDS
-    out = {}
+    from glm_grpo_nb.rewards import REWARDS, reward_kwargs, reward_models
+    out, given = {}, reward_models(models or "")
     for part in filter(None, (p.strip() for p in (reward or "").split(","))):
         name = part if part.startswith(("http://", "https://")) else part.split("=", 1)[0]
-        if name in REWARDS: out[name] = package_object(REWARDS[name]).model_bytes
+        if name in REWARDS: out[name] = package_object(REWARDS[name]).plan_bytes(reward_kwargs(name, given))
         elif "://" not in name and ":" not in name:
             raise ValueError(f"plan: --reward {name!r} is not a built-in reward ({', '.join(sorted(REWARDS))}); a served or own "
                              "reward's model is not counted here (pass --reward-model-params for one on this GPU).")
@@ -177,6 +177,7 @@ def plan(
     sampling_copy: bool = True,  # a copy of the AR's language model samples the tokens (fast; about 18 GB under 4-bit)
     reward_model_params: int = 0,  # parameters of reward models of your own on the GPU, in the compute dtype
     reward: str = "",          # the run's rewards, as train's --reward (NAME[=WEIGHT],...): each built-in's model counted on this GPU
+    reward_models: str = "",   # as train's --reward-models: e.g. unifiedreward.base_url=local counts the judge on this GPU
     source_images: int = 0,    # i2i: source images per prompt (0: t2i)
     ar_sample_batch: int = _TRAINED["ar_sample_batch"],  # samples the AR draws at once (default: all)
     dit_sample_batch: int = _TRAINED["dit_sample_batch"],  # samples the DiT denoises at once (default: all)
@@ -189,7 +190,7 @@ def plan(
 ):
     "Predict the peak GPU memory of GRPO (or of supervised fine-tuning) on the real GLM-Image, and what to change if it does not fit (exit 1)."
     check_image_size(height, width, "plan: --height/--width")
-    reward_bytes = _reward_bytes(reward)
+    reward_bytes = _reward_bytes(reward, reward_models)
     from glm_grpo_nb.memory import GB, plan as make_plan
     p = make_plan(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step,
                   load_in_4bit=load_in_4bit, lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing,
@@ -209,7 +210,8 @@ def plan(
         recipe = GRPOConfig(dit_objective=dit_objective, prompts_per_step=prompts_per_step)   # what train resolves it to
         from glm_grpo_nb.objectives import objective_class
         print(f"{dit_objective}'s recipe: " + ", ".join(f"{k}={getattr(recipe, k)!r}" for k in objective_class(dit_objective).defaults))
-    if reward_bytes: print("reward models on this GPU: " + ", ".join(f"{n} {b / GB:.2f} GB" for n, b in reward_bytes.items()))   # the table's unit
+    if reward_bytes: print("reward models on this GPU: " + ", ".join(   # the table's unit
+        f"{n} {b / GB:.2f} GB" if b else f"{n} none (on its server)" for n, b in reward_bytes.items()))
     print(p)
     return 0 if p.fits else 1
 

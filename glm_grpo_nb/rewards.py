@@ -50,6 +50,11 @@ class Reward(ABC):
     def __repr__(self): return f"{type(self).__name__}(name={self.name!r})"
 
     @classmethod
+    def plan_bytes(cls, kwargs: dict) -> int:
+        "GPU memory its models take in this process when built with constructor arguments `kwargs` (glm-grpo plan --reward)."
+        return cls.model_bytes
+
+    @classmethod
     def model_sources(cls, kwargs: dict) -> dict[str, str]:
         "The models this reward would load with constructor arguments `kwargs`, {argument: path or hub id}, none loaded."
         defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()}

@@ -343,6 +343,14 @@ class VLMJudgeReward(Reward):
 
     def _headers(self): return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
+    local_model_bytes = 0   # the judge's model in this process, where known (UnifiedReward's); a server's is not ours
+
+    @classmethod
+    def plan_bytes(cls, kwargs: dict) -> int:
+        "The judge's model where it runs in this process; nothing on this GPU where a server holds it."
+        defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()}
+        return cls.local_model_bytes if _in_process(kwargs.get("base_url", defaults.get("base_url"))) else 0
+
     @classmethod
     def model_sources(cls, kwargs: dict) -> dict[str, str]:
         "`model` where it loads in this process; a server's model is the server's."
@@ -455,6 +463,7 @@ UNIFIEDREWARD_QUESTION = (   # UnifiedReward's point-score question for image ge
 
 class UnifiedRewardJudge(VLMJudgeReward):
     "UnifiedReward on an OpenAI-compatible server or in this process: its authors' question, 'Final Score: x' (1-5) divided by 5 as Flow-GRPO does."
+    local_model_bytes = 8_292_166_656 * 2   # Qwen2.5-VL-7B (UnifiedReward-qwen-7b) in bf16, as its weights are stored
     def __init__(self, base_url: str | None = "http://127.0.0.1:8080/v1", model: str = "CodeGoat24/UnifiedReward-qwen-7b",
                  question: str = UNIFIEDREWARD_QUESTION, max_tokens: int = 512, unparsed_score: float = 0.0,
                  api_key: str | None = None, max_workers: int = 8, timeout: float = 300.0, wait: float = REWARD_WAIT,
