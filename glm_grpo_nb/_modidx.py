@@ -124,6 +124,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'glm_grpo_nb.data.PromptDataset.__init__': ('data.html#promptdataset.__init__', 'glm_grpo_nb/data.py'),
                                   'glm_grpo_nb.data.PromptDataset.__len__': ('data.html#promptdataset.__len__', 'glm_grpo_nb/data.py'),
                                   'glm_grpo_nb.data.PromptDataset.__repr__': ('data.html#promptdataset.__repr__', 'glm_grpo_nb/data.py'),
+                                  'glm_grpo_nb.data.PromptDataset._check_row': ( 'data.html#promptdataset._check_row',
+                                                                                 'glm_grpo_nb/data.py'),
                                   'glm_grpo_nb.data.PromptDataset._load': ('data.html#promptdataset._load', 'glm_grpo_nb/data.py'),
                                   'glm_grpo_nb.data.PromptDataset.fingerprint': ( 'data.html#promptdataset.fingerprint',
                                                                                   'glm_grpo_nb/data.py'),

@@ -178,10 +178,10 @@ def _size_or_error(p) -> tuple[int, int] | str:
         with Image.open(p) as im: return im.size
     except Exception as ex: return f"cannot be read ({type(ex).__name__})"
 
-def _check_images(examples, size):
-    "Problems with the examples' images: missing, unreadable, or (without a resize `size`) not a multiple of 32."
+def _check_images(examples, size, first: int = 0):
+    "Problems with the examples' images (rows numbered from `first`): missing, unreadable, or (without a resize `size`) not a multiple of 32."
     errs = []
-    for i, e in enumerate(examples):
+    for i, e in enumerate(examples, first):
         for kind, p in [("target", e.target)] + [("source", s) for s in (e.sources or [])]:
             if p is None: continue
             name = "(in memory)" if isinstance(p, Image.Image) else p
@@ -200,7 +200,7 @@ class PromptDataset:
         self,
         data,                       # prompts or dicts, a .txt/.jsonl/.csv file or folder, or a Hugging Face dataset
         resize: bool | tuple[int, int] = False,  # (width, height) to resize to; True: the first target's size, rounded to 32
-        check_images: bool = True,  # open every image now (slower for big datasets, but errors come early)
+        check_images: bool = True,  # open every image now (slower for big datasets, but errors come early); False: each when first read
         prompt_column: str = "prompt",   # the column holding the prompt (DrawBench's is "Prompts")
         target_column: str = "target",   # the column holding the target image
         source_column: str = "source",   # the column holding the source image(s)
@@ -237,6 +237,7 @@ class PromptDataset:
             try: check_image_size(h, w, f"resize={resize}"); self.size = (w, h)
             except ValueError as e: errors.append(str(e))
         if check_images: errors += _check_images(self.examples, self.size)
+        self._unchecked = None if check_images else set(range(len(self.examples)))   # rows whose images are checked when read
         if errors:
             raise ValueError(f"PromptDataset: {len(errors)} problem(s):\n  " + "\n  ".join(errors))
         # the other columns, in the order they first appear; rows without one give None
@@ -252,12 +253,20 @@ class PromptDataset:
     @property
     def has_sources(self) -> bool: return any(e.sources for e in self.examples)
 
+    def _check_row(self, i: int) -> None:
+        "Row i's images checked when first read (`check_images=False`): the same errors as at construction, for that row."
+        if not getattr(self, "_unchecked", None) or i not in self._unchecked: return
+        errs = _check_images([self.examples[i]], self.size, first=i)
+        if errs: raise ValueError(f"{type(self).__name__}: " + "; ".join(errs))
+        self._unchecked.discard(i)
+
     def _load(self, p):
         with open_image(p) as im: im = im.convert("RGB")
         return im.resize(self.size, Image.Resampling.BICUBIC) if self.size and im.size != self.size else im
 
     def __getitem__(self, i) -> dict:
         "{'prompt': str, 'target': PIL or None, 'sources': list of PIL or None, and each other column's value}."
+        self._check_row(i)
         e = self.examples[i]
         return {"prompt": e.prompt, "target": self._load(e.target) if e.target else None,
                 "sources": [self._load(s) for s in e.sources] if e.sources else None,

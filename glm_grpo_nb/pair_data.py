@@ -16,10 +16,11 @@ from .data import ArrowImage, PromptDataset, _collect
 from .run_command import _dataset_rows
 
 # %% auto #0
-__all__ = ['PICKAPIC', 'PairDataset']
+__all__ = ['PICKAPIC', 'CHECK_ON_READ_ABOVE', 'PairDataset']
 
 # %% ../nbs/06d_pair_data.ipynb #3a0eaaab
 PICKAPIC = ("caption", "jpg_0", "jpg_1", "label_0")   # Pick-a-Pic v2's columns: label_0 is 1 when jpg_0 was preferred
+CHECK_ON_READ_ABOVE = 1000   # a Hugging Face dataset of more pairs has each image checked when first read, not all at the start
 
 def _image_value(v):
     "An image column's value as a path, an image, or None: bytes (Pick-a-Pic's jpg columns) opened as an image."
@@ -90,7 +91,8 @@ class PairDataset(PromptDataset):
         rejected: str | Path | None = None,  # folder of the rejected images, named alike
         sources: str | Path | None = None,   # folder of i2i source images, named alike
         resize: bool | tuple[int, int] = False,   # (width, height) to resize to; True: the first chosen image's size
-        check_images: bool = True,    # open every image now
+        check_images: bool | None = None,   # open every image now (default: yes, except a Hugging Face dataset of more than
+                                            # CHECK_ON_READ_ABOVE pairs, whose images are checked when first read)
         prompt_column: str = "prompt", chosen_column: str = "chosen", rejected_column: str = "rejected",
     ):
         if (chosen is None) != (rejected is None):
@@ -115,6 +117,9 @@ class PairDataset(PromptDataset):
                 rows, base, origin = _arrow_rows(data, (chosen_column, rejected_column))
             else: rows, base, origin = _collect(data, _csv_prompt_column(data, prompt_column))
         rows, errors, counts = _pair_rows(rows, prompt_column, chosen_column, rejected_column)
+        if check_images is None:   # Pick-a-Pic v2's million pairs would be read whole before the first step
+            check_images = not (any(isinstance(v, ArrowImage) for _, d in rows[:1] for v in d.values())
+                                and len(rows) > CHECK_ON_READ_ABOVE)
         if not rows and not errors: errors.append(f"{origin or 'data'}: no pairs (every row a tie, or none at all).")
         def absolute(v):   # relative paths start from the file's folder, as a PromptDataset's do
             if isinstance(v, str) and v and not v.startswith("<") and not Path(v).expanduser().is_absolute(): return str(base / v)
@@ -143,6 +148,7 @@ class PairDataset(PromptDataset):
     def pair(self, i) -> dict:
         "{'prompt', 'chosen', 'rejected', 'sources'} of pair i, images loaded (and resized)."
         row = self[i]
+        self.rejected_data._check_row(i)
         return {"prompt": row["prompt"], "chosen": row["target"], "sources": row["sources"],
                 "rejected": self.rejected_data._load(self.rejected_data.examples[i].target)}
 
