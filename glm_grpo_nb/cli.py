@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import DPOConfig, GRPOConfig, SFTConfig
-from .options import TRAIN_DEFAULTS, command_kwargs, command_parser, config_of, config_options, _option_style  # noqa: F401 (importable here too)
+from .options import TRAIN_DEFAULTS, command_kwargs, command_parser, config_of, config_options, parser_for, _option_style  # noqa: F401 (importable here too)
 from .demo import DEMO_PROMPTS, demo  # noqa: F401 (a command, and its prompts)
 from .hub import check_hub_model, check_image_size, model_size, resolve_model
 from .run_command import _check_resume, _check_run, _check_sizes, _data_reader, _dataset_rows, _fit_run, _policy_here, process_device  # noqa: F401 (importable here too)
@@ -285,13 +285,14 @@ def _usage():
 def _more_help(name: str) -> dict | None:
     return {"reward": "; NAME is one of " + ", ".join(REWARD_NAMES)} if name in ("train", "serve-reward") else None
 
+def _settings_of(name: str):
+    "The config class whose fields are options of the command `name`, where its function takes settings (**settings)."
+    takes = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(COMMANDS[name]).parameters.values())
+    return SETTINGS[name] if takes else None
+
 def parser_of(name: str):
     "The argument parser of the command `name`: its function's options, and one per setting where it takes settings."
-    func = COMMANDS[name]
-    parser = command_parser(func, prog=f"glm-grpo {name}", more_help=_more_help(name))
-    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(func).parameters.values()):
-        config_options(parser, TRAIN_DEFAULTS, SETTINGS[name])
-    return parser
+    return parser_for(COMMANDS[name], f"glm-grpo {name}", _settings_of(name), _more_help(name))
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `glm-grpo` console script."
@@ -305,8 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"glm-grpo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr); return 2
     func = COMMANDS[name]
-    takes_settings = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(func).parameters.values())
-    kwargs = command_kwargs(func, rest, f"glm-grpo {name}", SETTINGS[name] if takes_settings else None, _more_help(name))
+    kwargs = command_kwargs(func, rest, f"glm-grpo {name}", _settings_of(name), _more_help(name))
     try: return func(**kwargs) or 0
     except ValueError as e:
         print(f"glm-grpo {name}: {e}", file=sys.stderr); return 2

@@ -18,7 +18,7 @@ from fastcore.docments import docments
 from .config import RENAMED, GRPOConfig, choices
 
 # %% auto #0
-__all__ = ['TRAIN_DEFAULTS', 'config_options', 'command_parser', 'command_kwargs', 'flag_names', 'config_of']
+__all__ = ['TRAIN_DEFAULTS', 'config_options', 'command_parser', 'parser_for', 'command_kwargs', 'flag_names', 'config_of']
 
 # %% ../nbs/06_options.ipynb #d54a7eee
 TRAIN_DEFAULTS = {"save_every": 50}   # where `glm-grpo train` departs from GRPOConfig's defaults
@@ -79,10 +79,15 @@ def _option_style(parser, argv):
     return [fix(a) for a in argv]
 
 # %% ../nbs/06_options.ipynb #84c0367e
-def command_kwargs(func, argv: list[str], prog: str, settings=None, more_help: dict | None = None) -> dict:
-    "What `func` is called with for the command line `argv`: its own options, and one per field of `settings` (a config class)."
+def parser_for(func, prog: str, settings=None, more_help: dict | None = None) -> argparse.ArgumentParser:
+    "A command's parser, the one builder: `func`'s own options and, where `settings` (a config class) is given, one per field."
     parser = command_parser(func, prog=prog, more_help=more_help)
     if settings is not None: config_options(parser, TRAIN_DEFAULTS, settings)
+    return parser
+
+def command_kwargs(func, argv: list[str], prog: str, settings=None, more_help: dict | None = None) -> dict:
+    "What `func` is called with for the command line `argv`: its own options, and one per field of `settings` (a config class)."
+    parser = parser_for(func, prog, settings, more_help)
     args = vars(parser.parse_args(_option_style(parser, argv)))
     takes = set(inspect.signature(func).parameters) | ({f.name for f in dataclasses.fields(settings)} if settings else set())
     return {k: v for k, v in args.items() if k in takes}
