@@ -1152,6 +1152,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                  'glm_grpo_nb/served.py'),
                                     'glm_grpo_nb.served.VLMJudgeReward.model_sources': ( 'served.html#vlmjudgereward.model_sources',
                                                                                          'glm_grpo_nb/served.py'),
+                                    'glm_grpo_nb.served.VLMJudgeReward.not_running': ( 'served.html#vlmjudgereward.not_running',
+                                                                                       'glm_grpo_nb/served.py'),
                                     'glm_grpo_nb.served.VLMJudgeReward.plan_bytes': ( 'served.html#vlmjudgereward.plan_bytes',
                                                                                       'glm_grpo_nb/served.py'),
                                     'glm_grpo_nb.served.VLMJudgeReward.read_score': ( 'served.html#vlmjudgereward.read_score',

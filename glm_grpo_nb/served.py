@@ -343,6 +343,17 @@ class VLMJudgeReward(Reward):
 
     def _headers(self): return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
+    def not_running(self) -> str:
+        "What to do when nothing answers at `base_url`: the command that serves the judge, the way to run it here, the wait."
+        from urllib.parse import urlparse
+        from glm_grpo_nb.rewards import REWARDS
+        port = urlparse(self.base_url).port or 8000
+        here = f"glm-grpo: --reward-models {self.name}.base_url=local; " if self.name in REWARDS else ""
+        return (f"VLM judge {self.base_url}: nothing answers there yet. Serve it, in its own environment: `vllm serve "
+                f"{self.model} --port {port}` (or `transformers serve`), or run it in this process ({here}"
+                f"base_url=None in Python). Waiting up to {self.wait:g} s for it (glm-grpo: "
+                "--reward-wait).")
+
     local_model_bytes = 0   # the judge's model in this process, where known (UnifiedReward's); a server's is not ours
 
     @classmethod
@@ -364,6 +375,10 @@ class VLMJudgeReward(Reward):
     def check(self) -> None:
         "The server answers; a warning if it lists its models and `model` is not among them."
         if self.local is not None: return
+        import requests
+        try: r = self._session().get(self.base_url + "/models", headers=self._headers(), timeout=min(self.timeout, 10))
+        except requests.ConnectionError:   # nothing there yet: say how to start one before waiting for it
+            print(self.not_running(), file=sys.stderr, flush=True)
         r = http_request(self._session(), "GET", self.base_url + "/models", None, self._headers(), self.timeout,
                          self.wait, f"VLM judge {self.base_url}", retry_5xx=False, backoff=self.backoff)
         if r.status_code == 401: raise RewardServiceError(f"VLM judge {self.base_url} refused the API key; pass api_key=.")
