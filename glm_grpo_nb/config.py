@@ -294,6 +294,14 @@ class GRPOConfig(Settings):
         objective.check(self)   # what the objective cannot train with
         if self.sde_window is not None: self.sde_window = sde_steps(self.sde_window, self.num_inference_steps)
 
+    @classmethod
+    def check_plain(cls, settings: dict) -> None:
+        "The checks of `GRPOConfig.of(**settings)` that need no objective, so no torch: a bad setting answers at once."
+        settings, plain = cls._known(settings), cls.__new__(cls)
+        for f in dataclasses.fields(cls):
+            setattr(plain, f.name, settings.get(f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory()))
+        plain._check_plain()
+
     def _check_plain(self):
         "Every check that needs no objective: allowed values, ranges, switches, the size (no torch needed)."
         if self.height is not None or self.width is not None:

@@ -101,7 +101,7 @@ def flag_names(message: str, config_class=GRPOConfig) -> str:
     message = re.sub(r"--([\w-]+)=False\b", r"--no-\1", re.sub(r"(--[\w-]+)=True\b", r"\1", message))
     return re.sub(r"(--[\w-]+)='([^']*)'", r"\1 \2", re.sub(r"(--[\w-]+)=(?=[\w(\[.-])", r"\1 ", message))
 
-def config_of(config_class, settings: dict):
-    "`config_class.of(**settings)`, its refusal said with the command line's options."
-    try: return config_class.of(**settings)
+def config_of(config_class, settings: dict, plain: bool = False):
+    "`config_class.of(**settings)`, its refusal said with the command line's options (`plain`: only the checks that need no torch)."
+    try: return config_class.check_plain(settings) if plain else config_class.of(**settings)
     except ValueError as e: raise ValueError(flag_names(str(e), config_class)) from None

@@ -7,28 +7,41 @@ from __future__ import annotations
 
 import re
 
-from .rewards import REWARDS, _user_reward, load_reward, reward_kwargs, reward_models
+from .rewards import REWARDS, _user_reward, check_reward_models, load_reward, reward_kwargs, reward_models
 from .served import RemoteReward
 
 # %% auto #0
-__all__ = ['parse_rewards']
+__all__ = ['check_rewards', 'parse_rewards']
 
 # %% ../nbs/02e_reward_spec.ipynb #f6751b21
+def _reward_parts(spec: str) -> list[tuple[str, float]]:
+    "(name, weight) of each part of a reward string; an unknown built-in name or a weight that is not a number refused."
+    out = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, eq, w = part.rpartition("=") if "=" in part else (part, "", "")
+        try: weight = float(w) if eq else 1.0
+        except ValueError: raise ValueError(f"--reward: the weight in {part!r} is not a number.")
+        if not re.match(r"https?://", name) and ":" not in name and name not in REWARDS:
+            raise ValueError(f"--reward: unknown reward {name!r}; choose from {', '.join(sorted(REWARDS))}, "
+                             "module:object for your own, or the URL of a reward server.")
+        out.append((name, weight))
+    if not out: raise ValueError("--reward: pass at least one reward, e.g. --reward ssim=1.")
+    return out
+
+def check_rewards(spec: str, models: str = "") -> None:
+    "Refuse a reward string whose built-in rewards name a model that cannot be found, loading nothing (every command, first)."
+    model_of = reward_models(models)
+    for name, _ in _reward_parts(spec):
+        if name in REWARDS: check_reward_models(name, **reward_kwargs(name, model_of))
+
 def parse_rewards(spec: str, models: str = "", wait: float | None = None) -> dict:
     "'ssim=1,clip=0.5' -> {reward: weight} for `combine`: built-in names (models by 'clip=PATH'), module:object, or URLs."
     # the command line's reward spec; wait: seconds a served reward may be away (default: RemoteReward's)
     model_of = reward_models(models)
     out = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, eq, w = part.rpartition("=") if "=" in part else (part, "", "")
-        try: weight = float(w) if eq else 1.0
-        except ValueError: raise ValueError(f"--reward: the weight in {part!r} is not a number.")
+    for name, weight in _reward_parts(spec):
         if re.match(r"https?://", name):   # served: glm-grpo serve-reward
             out[RemoteReward(name, **({} if wait is None else {"wait": wait}))] = weight
         elif ":" in name: out[_user_reward(name)] = weight
-        elif name not in REWARDS:
-            raise ValueError(f"--reward: unknown reward {name!r}; choose from {', '.join(sorted(REWARDS))}, "
-                             "module:object for your own, or the URL of a reward server.")
         else: out[load_reward(name, **reward_kwargs(name, model_of))] = weight
-    if not out: raise ValueError("--reward: pass at least one reward, e.g. --reward ssim=1.")
     return out

@@ -24,8 +24,8 @@ from .loss import group_advantages
 # %% auto #0
 __all__ = ['CALL_NAMES', 'REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores',
            'reward_columns', 'columns_for', 'call_reward', 'evaluate_reward', 'RewardServiceError',
-           'check_reward_signature', 'load_reward', 'CombinedReward', 'combine', 'user_object', 'reward_models',
-           'reward_kwargs', 'check_reward_rows', 'concat_outputs', 'RewardOverlap', 'served_rewards']
+           'check_reward_signature', 'load_reward', 'check_reward_models', 'CombinedReward', 'combine', 'user_object',
+           'reward_models', 'reward_kwargs', 'check_reward_rows', 'concat_outputs', 'RewardOverlap', 'served_rewards']
 
 # %% ../nbs/02_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -233,15 +233,20 @@ def load_reward(name: str, **kwargs) -> Reward:
     if name not in REWARDS:
         raise ValueError(f"load_reward: unknown reward {name!r}; built-ins are {', '.join(sorted(REWARDS))}, "
                          "or pass your own callable.")
+    cls, kwargs, sources = check_reward_models(name, **kwargs)
+    reward = cls(**kwargs)
+    reward.weights_from = sources   # what it loaded: the card names it
+    return reward
+
+def check_reward_models(name: str, **kwargs) -> tuple[type, dict, dict]:
+    "Built-in reward `name`'s options checked and every model they name found, nothing loaded: (class, options, {option: source})."
     cls = package_object(REWARDS[name])
     kwargs = _reward_options(cls, name, kwargs)
     sources = cls.model_sources(kwargs)   # {option: path or hub id}
     for option, source in sources.items():   # before anything loads or any image is made
         flag = f"--reward-models {name}=PATH" if option == cls.model_options[0] else f"--reward-models {name}.{option}=PATH"
         check_model_source(source, f"reward {name!r}: its {option} ({flag}, or {option}= in Python)")
-    reward = cls(**kwargs)
-    reward.weights_from = sources   # what it loaded: the card names it
-    return reward
+    return cls, kwargs, sources
 
 def _reward_options(cls, name: str, kwargs: dict) -> dict:
     "`kwargs` for reward `name`'s constructor: an option it does not take refused with those it does; numbers given as text made numbers."

@@ -75,7 +75,10 @@ def train(
     for name, v in (("--model", model), ("--prompts", prompts), ("--reward", reward)):
         if not v: raise ValueError(f"train: {name} is required.")
     model, allowed = _check_run("train", settings.get("eval_every"), model, out, allow_changes, eval_prompts, init_adapters)
-    config = config_of(GRPOConfig, {**TRAIN_DEFAULTS, **settings})   # bad settings fail here, before torch (the objectives') loads
+    config_of(GRPOConfig, {**TRAIN_DEFAULTS, **settings}, plain=True)   # bad settings fail here, before torch loads
+    from glm_grpo_nb.reward_spec import check_rewards
+    for spec in filter(None, (reward, eval_reward)): check_rewards(spec, reward_models)   # a missing model: one line, next
+    config = config_of(GRPOConfig, {**TRAIN_DEFAULTS, **settings})   # then the objective's checks (it loads the policy's code)
     from glm_grpo_nb.reward_spec import parse_rewards
     from glm_grpo_nb.rewards import check_reward_rows, combine
     from glm_grpo_nb.trainer import GRPOTrainer

@@ -320,3 +320,22 @@ def test_dpo_reads_pick_a_pic_as_saved_parquet_and_csv(tmp_path):
     try: _pair_reader(DPOConfig(), None, None, None, "test", False, "prompt", "chosen", "rejected")(str(tmp_path / "splits"))
     except ValueError as e: assert "has the splits train, not 'test'; pass --split" in str(e), e
     else: raise AssertionError("a missing split was not refused")
+
+
+def test_a_missing_reward_model_answers_before_the_policy_code_loads(tiny_path, tmp_path):
+    "A reward whose model is not here is one line from train and from evaluate, before the policy's modules (transformers', diffusers') are imported."
+    import sys
+    (tmp_path / "p.txt").write_text("a red square\n")
+    p = str(tmp_path / "p.txt")
+    cases = [["train", "--model", str(tiny_path), "--prompts", p, "--reward", "imagereward", "--out", str(tmp_path / "t")],
+             ["train", "--model", str(tiny_path), "--prompts", p, "--reward", "redness", "--eval-reward", "hpsv2",
+              "--out", str(tmp_path / "t2")],
+             ["evaluate", "--model", str(tiny_path), "--prompts", p, "--metrics", "imagereward", "--out", str(tmp_path / "e")]]
+    code = ("import sys\nfrom glm_grpo_nb.cli import main\n"
+            f"for args in {cases!r}:\n    assert main(args) == 2, args\n"
+            "    assert 'glm_grpo_nb.policy' not in sys.modules and 'diffusers' not in sys.modules, args\nprint('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    lines = [l for l in r.stderr.splitlines() if l.startswith("glm-grpo")]
+    assert len(lines) == 3 and all("not in the local Hugging Face cache" in l for l in lines), r.stderr
+    assert "THUDM/ImageReward" in lines[0] and "hpsv2" in lines[1] and lines[2].startswith("glm-grpo evaluate"), lines
