@@ -236,6 +236,8 @@ def evaluate(
     sampler: str = "policy",     # policy (batched, as training samples) or pipeline (the stock pipeline, an image at a time)
     batch_size: int = 8,         # images the policy sampler makes at once (halved on out-of-memory)
     load_in_4bit: bool = False,  # the policy sampler's base weights in NF4
+    reward_overlap: bool = None, # score served metrics (URLs, a judge on a server) on each batch as it is made (default: on where one is served)
+    reward_max_inflight: int = 2,  # served metrics' calls out at once while images are made
 ):
     "Score a model and its trained adapters on prompts: text metrics and rewards, with 95 % intervals."
     if not model: raise ValueError("evaluate: pass --model with a GLM-Image folder or hub id.")
@@ -252,7 +254,8 @@ def evaluate(
                          samples_per_prompt=samples_per_prompt, seed=seed, height=height, width=width,
                          num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
                          reward_models=models_of(reward_models), device=device, benchmark=benchmark,
-                         ocr_min_confidence=ocr_min_confidence, sampler=sampler, batch_size=batch_size, load_in_4bit=load_in_4bit)
+                         ocr_min_confidence=ocr_min_confidence, sampler=sampler, batch_size=batch_size, load_in_4bit=load_in_4bit,
+                         reward_overlap=reward_overlap, reward_max_inflight=reward_max_inflight)
     print(format_metrics(res))
     print(f"wrote {Path(out) / 'metrics.json'}, {Path(out) / 'samples.csv'} and {Path(out) / 'report.png'}")
     for card in res.get("cards", []): print(f"put the table into the model card {Path(card) / 'README.md'}")
