@@ -72,10 +72,13 @@ def _same_factors(a: list, b: list | None) -> bool:
 class LowRankLinear(torch.nn.Module):
     "A Linear of the sampling copy: a dense base weight in the compute dtype, the adapters' low-rank product kept apart."
     # Merged into a bf16 weight, a LoRA delta below half a bf16 step rounds away (early in training: all of it), and
-    # the sampler would draw from the base policy. Kept apart, the product is added as peft adds it: computed in the
-    # adapters' dtype, added to the base output, the sum cast back once.
+    # the sampler would draw from the base policy. Kept apart, the product is added as peft adds it to the layer the
+    # copy stands for: computed in the adapters' dtype, then by peft's plain LoRA Linear added to the base output and the
+    # sum cast back once; by its LoRA layers for bitsandbytes' 4-bit and 8-bit Linear cast to the base output's dtype
+    # first and added there (`round_low`): the same roundings, or the copy drifts from the training forward as the
+    # adapters grow.
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lora_A: torch.Tensor, lora_B: torch.Tensor,
-                 owns_weight: bool = False):
+                 owns_weight: bool = False, round_low: bool = False):
         super().__init__()
         self.register_buffer("weight", weight)
         self.register_buffer("bias", bias)
@@ -83,12 +86,16 @@ class LowRankLinear(torch.nn.Module):
         self.register_buffer("lora_B", lora_B)   # [out, r], the scaling folded in
         self.owns_weight = owns_weight   # dequantised or cast for the copy (not the policy's own tensor): it may be merged into
         self.merged = None               # the factors merged into the weight (see `refresh`); None: kept apart
+        self.round_low = round_low       # the product rounded to the output's dtype before the add (peft's bnb layers)
+
+    def add_low(self, y: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+        "The base output plus the adapters' product, in the order of the layer this copies."
+        return y + low.to(y.dtype) if self.round_low else (y + low).to(y.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.nn.functional.linear(x, self.weight, self.bias)
         if not self.lora_A.shape[0]: return y
-        low = torch.nn.functional.linear(torch.nn.functional.linear(x.to(self.lora_A.dtype), self.lora_A), self.lora_B)
-        return (y + low).to(y.dtype)
+        return self.add_low(y, torch.nn.functional.linear(torch.nn.functional.linear(x.to(self.lora_A.dtype), self.lora_A), self.lora_B))
 
     @classmethod
     def of(cls, layer: torch.nn.Module, dtype: torch.dtype) -> "LowRankLinear":
@@ -101,7 +108,10 @@ class LowRankLinear(torch.nn.Module):
         bias = None if base.bias is None else base.bias.detach().to(dtype)
         w = dense_weight(layer, dtype)
         owns = w.untyped_storage().data_ptr() != base.weight.untyped_storage().data_ptr()
-        out = cls(w, bias, w.new_zeros((0, w.shape[1])), w.new_zeros((w.shape[0], 0)), owns)   # no adapter yet: rank 0
+        # peft's LoRA layers for bitsandbytes' 4-bit and 8-bit Linear round the product before the add; its plain one
+        # (also what wraps a 4-bit Linear that peft did not recognise as one) adds first
+        first = type(layer).__module__ == "peft.tuners.lora.bnb"
+        out = cls(w, bias, w.new_zeros((0, w.shape[1])), w.new_zeros((w.shape[0], 0)), owns, round_low=first)   # no adapter yet: rank 0
         out.refresh(layer)   # the adapters' factors, in their own dtype
         return out
 
@@ -128,37 +138,27 @@ class LowRankLinear(torch.nn.Module):
         else: self.lora_A, self.lora_B = A.detach().clone(), B.detach().clone()   # another rank: new tensors
 
 class GroupedProjections(torch.nn.Module):
-    "The q, k and v of one attention layer of the copy as one: their adapters' A products in one GEMM, their bases in one where the copy owns them."
+    "The q, k and v of one attention layer of the copy as one: their bases in one GEMM where the copy owns them, each adapter's product as the training forward computes it."
     def __init__(self, parts: list[LowRankLinear], fuse_base: bool):
         super().__init__()
         object.__setattr__(self, "parts", parts)   # still the layer's q_proj, k_proj, v_proj (refreshed by name)
-        self.sizes, self.ranks = [p.weight.shape[0] for p in parts], None
-        for k in ("weight", "bias", "lora_A"): self.register_buffer(k, None)
+        self.sizes = [p.weight.shape[0] for p in parts]
+        for k in ("weight", "bias"): self.register_buffer(k, None)
         if fuse_base:   # the copy's own dense weights (dequantised or cast): one tensor, the parts' weights views of it
             self.weight = torch.cat([p.weight for p in parts])
             for p, w in zip(parts, self.weight.split(self.sizes)): p.weight = w
             if parts[0].bias is not None:
                 self.bias = torch.cat([p.bias for p in parts])
                 for p, b in zip(parts, self.bias.split(self.sizes)): p.bias = b
-        self.tie()
-
-    @torch.no_grad()
-    def tie(self) -> None:
-        "Make the parts' A factors views of one [sum of ranks, in] tensor (again after a rank changed)."
-        A, ranks = self.lora_A, [p.lora_A.shape[0] for p in self.parts]
-        if A is not None and ranks == self.ranks and all(
-                p.lora_A.untyped_storage().data_ptr() == A.untyped_storage().data_ptr() for p in self.parts if p.lora_A.shape[0]):
-            return
-        self.lora_A, self.ranks = torch.cat([p.lora_A for p in self.parts]), ranks
-        for p, a in zip(self.parts, self.lora_A.split(ranks)): p.lora_A = a
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.weight is not None: base = torch.nn.functional.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
         else: base = [torch.nn.functional.linear(x, p.weight, p.bias) for p in self.parts]
-        if not self.lora_A.shape[0]: return tuple(base)
-        low = torch.nn.functional.linear(x.to(self.lora_A.dtype), self.lora_A).split(self.ranks, dim=-1)
-        return tuple((y + torch.nn.functional.linear(a, p.lora_B)).to(y.dtype) if r else y
-                     for y, a, p, r in zip(base, low, self.parts, self.ranks))
+        # the A products one per part, in the shapes peft's layers use: one [r_q + r_k + r_v] GEMM sums in another order
+        # on some kernels (a CPU's with 2 threads), and the product's last bits then flip the output's bf16 rounding
+        x_low = x.to(self.parts[0].lora_A.dtype)
+        return tuple(p.add_low(y, torch.nn.functional.linear(torch.nn.functional.linear(x_low, p.lora_A), p.lora_B))
+                     if p.lora_A.shape[0] else y for y, p in zip(base, self.parts))
 
 def grouped_attention(self, hidden_states, position_embeddings, attention_mask, cache=None, **kwargs):
     "GLM-Image's text attention with q, k and v from the layer's `GroupedProjections` (the copy's; the same steps otherwise)."
@@ -208,8 +208,6 @@ def _refresh_sampling_copy(self: GlmImagePolicy) -> None:
     "Give the copy the adapters as they are now: only the low-rank factors change (the base weights are frozen)."
     for name, mod in self._sampler.named_modules():   # the copy mirrors the AR's module names
         if isinstance(mod, LowRankLinear): mod.refresh(self.ar.get_submodule(name), self.sampling_merge)
-    for mod in self._sampler.modules():
-        if isinstance(mod, GroupedProjections): mod.tie()   # a new rank made new A tensors: one again
 
 def _decode_step_inputs(model, input_ids, **kwargs):
     "The copy's `prepare_inputs_for_generation`: decode steps get their M-RoPE positions here, outside the compiled forward."
