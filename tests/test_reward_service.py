@@ -97,7 +97,8 @@ def test_served_step_equals_local_step(glm_grpo, tiny_path):
         rc, out, _ = server.stop()
     assert rc == 0 and "reward server stopped" in out
     assert torch.equal(got.rewards, want.rewards) and torch.equal(got.advantages, want.advantages)
-    assert got.metrics == want.metrics
+    overlap = {"reward/wait_s", "reward/overlap", "reward/inflight_peak"}   # a served reward is scored while sampling
+    assert overlap <= set(got.metrics) and {k: v for k, v in got.metrics.items() if k not in overlap} == want.metrics
     a, b = adapters(remote), adapters(local)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
