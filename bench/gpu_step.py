@@ -127,7 +127,7 @@ def one_setting(model: str, name: str, size: int, steps: int, tiny: bool, lines:
     out.update(plan_peak_gb=round(pl.peak / GB, 2), steps=[])
     for i in range(s.get("steps", steps)):
         PEAKS.clear()
-        before = dynamo_figures()
+        before, optimizer_steps = dynamo_figures(), t.optimizer_steps
         start = time.perf_counter()
         res = t.step()
         whole = time.perf_counter() - start
@@ -148,6 +148,7 @@ def one_setting(model: str, name: str, size: int, steps: int, tiny: bool, lines:
             "nonfinite": {k: v for k, v in m.items() if k.startswith("nonfinite/")},
             "lowered": {k: v for k, v in m.items() if k.startswith("lowered/")},
             "skipped": res.skipped, "skip_reason": res.skip_reason,
+            "optimizer_steps": t.optimizer_steps - optimizer_steps,   # the recipe's two, where both ran
             "compile_seconds": None if after["compile_seconds"] is None else
                                round(after["compile_seconds"] - before["compile_seconds"], 2),   # dynamo and inductor
             "new_graphs": after["unique_graphs"] - before["unique_graphs"], "graph_breaks": after["graph_breaks"],
@@ -218,4 +219,5 @@ if __name__ == "__main__":
             result = {"setting": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
         if "--report" in sys.argv: Path(_arg("--report")).write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result))
+        if "error" in result: sys.exit(1)   # a crashed setting is a failed child, never a "done" one
     else: main()
