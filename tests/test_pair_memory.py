@@ -19,7 +19,7 @@ import datasets
 from glm_grpo_nb.pair_data import PairDataset
 data = datasets.load_from_disk(sys.argv[1])
 before = anon()
-pairs = PairDataset(data)   # every pair checked: each image opened once
+pairs = PairDataset(data, check_images=True)   # every pair checked now (over 1,000 pairs that waits for each read otherwise): each image opened once
 held = anon() - before
 last = pairs.pair(len(pairs) - 1)
 print(json.dumps({"held": held, "pairs": len(pairs), "ties": pairs.ties_dropped, "flipped": pairs.flipped,
