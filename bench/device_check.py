@@ -26,7 +26,7 @@ Budget and order, in seconds on the card (recorded on an H200, 2026-11-26: the 4
 the first decode call 98 s with compile and 28 s after, the step's load 19 s, the first step 158 s and the next 85 s):
 the default --budget is 570 s, the 600 s the device tool lets a command run less 30 s for the kit's install (its
 wheels unpacked: about 15 s) and the interpreter's start before this script's clock starts. A part starts only if what is left covers its minimum and the
-minimums of the protected parts after it (the step), and runs until what is left less those reserves (and 5 s to kill
+minimums of the protected parts after it (the step; the tests too when --parts names them), and runs until what is left less those reserves (and 5 s to kill
 it and write its record): so (a) never takes the time (b) needs, and (b) can always write its first step line. At 1x the
 recorded timeline returns the decode figures and both step lines, and the profile after them; at 1.5x the decode
 figures and the first step line.
@@ -436,12 +436,14 @@ def main():
         model = released_model(None, dry, Simulated(timeline, clock.speed) if simulated else None)
     summary["model_seconds"] = round(clock.now() - started, 1)
     _write_json(out / "device_check.json", summary)
+    # the step's minimum is always kept for it; the tests' when a call names them (a second call's --parts learning,gpu_tests)
+    protected = set(PROTECTED) | ({"gpu_tests"} if "--parts" in sys.argv else set())
     for k, part in enumerate(parts):
         left = budget - clock.now()
-        reserve = sum(minimum[p] + KILL for p in parts[k + 1:] if p in PROTECTED)   # what a later protected part needs
+        reserve = sum(minimum[p] + KILL for p in parts[k + 1:] if p in protected)   # what a later protected part needs
         if left < minimum[part] + reserve:
             summary["parts"][part] = {"status": f"skipped: {left:.0f} s left, {minimum[part] + reserve:.0f} s needed "
-                                                f"({minimum[part]:.0f} for it, {reserve:.0f} kept for {', '.join(p for p in parts[k + 1:] if p in PROTECTED)})"
+                                                f"({minimum[part]:.0f} for it, {reserve:.0f} kept for {', '.join(p for p in parts[k + 1:] if p in protected)})"
                                                 if reserve else f"skipped: {left:.0f} s left, {minimum[part]:.0f} s needed"}
             _write_json(out / "device_check.json", summary)
             continue

@@ -66,6 +66,15 @@ def test_a_crashing_step_is_a_failed_part_and_the_next_runs(tmp_path):
     assert "PART step: failed: exit status 1" in stdout
 
 
+def test_a_second_call_reaches_the_tests(tmp_path):
+    "--parts learning,gpu_tests: learning runs long, and is stopped where the tests' minimum begins; the tests run."
+    f = tmp_path / "long_learning.json"
+    f.write_text(json.dumps(json.loads(TIMELINE.read_text()) | {"learning_step": 300, "tests": 30}))
+    parts, _ = device_check(tmp_path / "second", "--timeline", str(f), "--speed", "40", "--budget", "300",
+                            "--parts", "learning,gpu_tests")
+    assert parts["learning"]["status"] == "stopped at the budget" and parts["gpu_tests"]["status"] == "done", parts
+
+
 def test_every_part_writes_at_most_seven_files(tmp_path):
     "Budget enough for every part: device_check.json, the five parts' files and logs.tar.gz (env.txt is the kit's)."
     f = tmp_path / "quick.json"
