@@ -174,26 +174,22 @@ def _batch_inputs(rows, ks, samples_per_prompt: int):
 class ServedWhileMaking:
     "The served metrics scored on each batch of images as it is made, on a bounded pool; `_score` takes them by index."
     def __init__(self, rewards, rows, samples_per_prompt: int, max_inflight: int = 2):
-        import threading
-        from concurrent.futures import ThreadPoolExecutor
-        from glm_grpo_nb.rewards import reward_name
+        from glm_grpo_nb.rewards import ServedCalls
         self.rows, self.samples_per_prompt = rows, samples_per_prompt
         self.served = [r for r in rewards if getattr(r, "served", False)]
-        self.locks = {reward_name(r): threading.Lock() for r in self.served}   # one call to a reward at a time
         self.sent = {}   # (model, reward name) -> {image k: (future, its place in the batch)}
-        self.pool = ThreadPoolExecutor(max_inflight, thread_name_prefix="reward-overlap") if self.served else None
+        self.calls = ServedCalls(max_inflight, "evaluate_model", "reward_max_inflight") if self.served else None
 
     def submit(self, name: str, ks, images) -> None:
         from glm_grpo_nb.rewards import reward_name
         inputs = _batch_inputs(self.rows, ks, self.samples_per_prompt)
         for reward in self.served:
-            f = self.pool.submit(self._score, reward, images, *inputs)
+            f = self.calls.submit(reward, self._score, reward, images, *inputs)
             self.sent.setdefault((name, reward_name(reward)), {}).update({k: (f, i) for i, k in enumerate(ks)})
 
     def _score(self, reward, images, prompts, targets, sources, columns):
-        from glm_grpo_nb.rewards import evaluate_reward, reward_name
-        with self.locks[reward_name(reward)]:
-            return evaluate_reward(reward, images, prompts, targets, sources, normalize=False, columns=columns)
+        from glm_grpo_nb.rewards import evaluate_reward
+        return evaluate_reward(reward, images, prompts, targets, sources, normalize=False, columns=columns)
 
     def output(self, name: str, reward, ks):
         "The RewardOutput of images `ks` of model `name` if they were all sent, else None (scored then as before)."
@@ -203,8 +199,8 @@ class ServedWhileMaking:
         return concat_outputs([sent[k][0].result().select([sent[k][1]]) for k in ks])   # a failed call raises here
 
     def close(self) -> None:
-        if self.pool is not None: self.pool.shutdown(wait=True, cancel_futures=True)
-        self.pool = None
+        if self.calls is not None: self.calls.close()
+        self.calls = None
 
 # %% ../nbs/08b_evaluation.ipynb #f40af063
 def _score(paths, rows, rewards, samples_per_prompt: int, benchmark: str | None = None, batch: int = 16,
@@ -396,8 +392,8 @@ def evaluate_model(
 ) -> dict:                             # what metrics.json holds
     "Generate and score images of the base model and each adapter folder on the same prompts and seeds; write a report."
     if samples_per_prompt is None: samples_per_prompt = 4 if benchmark == "geneval" else 1
-    if isinstance(reward_max_inflight, bool) or not isinstance(reward_max_inflight, int) or reward_max_inflight < 1:
-        raise ValueError(f"evaluate_model: reward_max_inflight must be an int >= 1, got {reward_max_inflight!r}.")
+    from glm_grpo_nb.rewards import ServedCalls
+    ServedCalls.check(reward_max_inflight, "evaluate_model", "reward_max_inflight")
     if not isinstance(samples_per_prompt, int) or samples_per_prompt < 1:
         raise ValueError(f"evaluate_model: samples_per_prompt must be an int >= 1, got {samples_per_prompt!r}.")
     if prompts is None: raise ValueError("evaluate_model: pass prompts= (a prompts file, a list, or a dataset).")

@@ -9,6 +9,7 @@ import inspect
 import math
 import os
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -25,7 +26,8 @@ from .loss import group_advantages
 __all__ = ['CALL_NAMES', 'REWARDS', 'Reward', 'reward_name', 'RewardOutput', 'NonFiniteRewardError', 'validate_scores',
            'reward_columns', 'columns_for', 'call_reward', 'evaluate_reward', 'RewardServiceError',
            'check_reward_signature', 'load_reward', 'check_reward_models', 'CombinedReward', 'combine', 'user_object',
-           'reward_models', 'reward_kwargs', 'check_reward_rows', 'concat_outputs', 'RewardOverlap', 'served_rewards']
+           'reward_models', 'reward_kwargs', 'check_reward_rows', 'concat_outputs', 'ServedCalls', 'RewardOverlap',
+           'served_rewards']
 
 # %% ../nbs/02_rewards.ipynb #c0361b0a
 class Reward(ABC):
@@ -382,31 +384,60 @@ def _covered_before(intervals: list[tuple[float, float]], t: float) -> tuple[flo
         else: merged.append([a, b])
     return sum(max(0.0, min(b, t) - a) for a, b in merged), sum(b - a for a, b in merged)
 
+class ServedCalls:
+    "Calls to served rewards on `max_inflight` threads, one at a time per reward (its `last_info` and `last_texts` are the object's): their spans and the in-flight peak."
+    def __init__(self, max_inflight: int = 2, where: str = "RewardOverlap", name: str = "max_inflight"):
+        from concurrent.futures import ThreadPoolExecutor
+        ServedCalls.check(max_inflight, where, name)
+        self.pool = ThreadPoolExecutor(max_inflight, thread_name_prefix="reward-overlap")
+        self._locks, self._count, self.inflight, self.inflight_peak, self.spans = {}, threading.Lock(), 0, 0, []
+
+    @staticmethod
+    def check(max_inflight, where: str, name: str = "max_inflight") -> None:
+        if isinstance(max_inflight, bool) or not isinstance(max_inflight, int) or max_inflight < 1:
+            raise ValueError(f"{where}: {name} must be an int >= 1, got {max_inflight!r}.")
+
+    def submit(self, reward, fn, *args):
+        "A Future of `fn(*args)`, run after every call submitted before it for `reward`."
+        return self.pool.submit(self._run, self._locks.setdefault(id(reward), threading.Lock()), fn, args)
+
+    def _run(self, lock, fn, args):
+        with lock:
+            with self._count:
+                self.inflight += 1; self.inflight_peak = max(self.inflight_peak, self.inflight)
+            start = time.perf_counter()
+            try: return fn(*args)
+            finally:
+                with self._count:
+                    self.inflight -= 1; self.spans.append((start, time.perf_counter()))
+
+    def close(self) -> None:
+        "Cancel the calls not started, wait for those that are (each bounded by its reward's own timeout)."
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+def _components(reward) -> list[tuple[str, object]]:
+    "(name, reward) of each component of `reward`: its parts where it is a combination, else itself."
+    return [(n, r) for n, r, _ in reward.parts] if getattr(reward, "parts", None) else [(reward_name(reward), reward)]
+
 class RewardOverlap:
     "Served rewards scored chunk by chunk on a bounded pool while the next chunk samples; the rest after sampling."
     def __init__(self, reward, prompts, targets=None, sources=None, group_size: int | None = None,
                  columns: dict | None = None, max_inflight: int = 2):
-        import threading
-        from concurrent.futures import ThreadPoolExecutor
-        if isinstance(max_inflight, bool) or not isinstance(max_inflight, int) or max_inflight < 1:
-            raise ValueError(f"RewardOverlap: max_inflight must be an int >= 1, got {max_inflight!r}.")
+        ServedCalls.check(max_inflight, "RewardOverlap")
         self.reward, self.prompts, self.targets, self.sources = reward, list(prompts), targets, sources
         self.group_size, self.columns = group_size, columns or {}
         self.whole = not getattr(reward, "parts", None)   # the reward itself is served (scored as evaluate_reward does)
-        parts = [(reward_name(reward), reward)] if self.whole else [(n, r) for n, r, _ in reward.parts]
-        self.served = [(n, r) for n, r in parts if getattr(r, "served", False)]
+        self.served = [(n, r) for n, r in _components(reward) if getattr(r, "served", False)]
         self.sent = {n: [] for n, _ in self.served}   # name -> [(rows, future)], in the order sent
-        self._locks = {n: threading.Lock() for n, _ in self.served}
-        self._count, self.inflight, self.inflight_peak, self._spans = threading.Lock(), 0, 0, []
-        self.pool = ThreadPoolExecutor(max_inflight, thread_name_prefix="reward-overlap") if self.served else None
+        self.calls = ServedCalls(max_inflight) if self.served else None
 
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
     def close(self) -> None:
         "Cancel the calls not started, wait for those that are (each bounded by its reward's own timeout)."
-        if self.pool is not None: self.pool.shutdown(wait=True, cancel_futures=True)
-        self.pool = None
+        if self.calls is not None: self.calls.close()
+        self.calls = None
 
 # %% ../nbs/02_rewards.ipynb #97c9a107
 @patch
@@ -419,24 +450,16 @@ def submit(self: RewardOverlap, rows, images) -> None:
         raise ValueError(f"RewardOverlap.submit: rows {rows} are not whole groups of {G}; send group-aligned chunks so "
                          "no group is scored in part.")
     for name, reward in self.served:
-        self.sent[name].append((rows, self.pool.submit(self._score, name, reward, rows, list(images))))
+        self.sent[name].append((rows, self.calls.submit(reward, self._score, reward, rows, list(images))))
 
 @patch
-def _score(self: RewardOverlap, name, reward, rows, images) -> RewardOutput:
+def _score(self: RewardOverlap, reward, rows, images) -> RewardOutput:
     "One served reward on one chunk, as the serial path scores it (in a worker thread)."
     pick = lambda xs: None if xs is None else [xs[r] for r in rows]
     columns = {k: pick(v) for k, v in self.columns.items()}
-    with self._locks[name]:   # one call to a reward at a time: its last_info and last_texts are the object's
-        with self._count:
-            self.inflight += 1; self.inflight_peak = max(self.inflight_peak, self.inflight)
-        start = time.perf_counter()
-        try:
-            if self.whole: return evaluate_reward(reward, images, pick(self.prompts), pick(self.targets), pick(self.sources),
-                                                  group_size=self.group_size, columns=columns or None)
-            return call_reward(reward, images, pick(self.prompts), pick(self.targets), pick(self.sources), columns)
-        finally:
-            with self._count:
-                self.inflight -= 1; self._spans.append((start, time.perf_counter()))
+    if self.whole: return evaluate_reward(reward, images, pick(self.prompts), pick(self.targets), pick(self.sources),
+                                          group_size=self.group_size, columns=columns or None)
+    return call_reward(reward, images, pick(self.prompts), pick(self.targets), pick(self.sources), columns)
 
 @patch
 def result(self: RewardOverlap, images) -> tuple[RewardOutput, dict]:
@@ -450,12 +473,12 @@ def result(self: RewardOverlap, images) -> tuple[RewardOutput, dict]:
                                      "chunk before asking for the result.")
         precomputed[name] = concat_outputs([f.result() for _, f in sent], [rows for rows, _ in sent])   # raises a worker's error
     wait = time.perf_counter() - waited
-    hidden, busy = _covered_before(self._spans, waited)
+    hidden, busy = _covered_before(self.calls.spans if self.calls else [], waited)
     out = evaluate_reward(self.reward, images, self.prompts, self.targets, self.sources, group_size=self.group_size,
                           columns=self.columns or None, precomputed=precomputed)
-    return out, {"wait_s": wait, "overlap": hidden / busy if busy > 0 else 0.0, "inflight_peak": float(self.inflight_peak)}
+    peak = self.calls.inflight_peak if self.calls else 0
+    return out, {"wait_s": wait, "overlap": hidden / busy if busy > 0 else 0.0, "inflight_peak": float(peak)}
 
 def served_rewards(reward) -> list[str]:
     "The names of the rewards in `reward` (itself or its components) that are served by another process."
-    parts = [r for _, r, _ in reward.parts] if getattr(reward, "parts", None) else [reward]
-    return [reward_name(r) for r in parts if getattr(r, "served", False)]
+    return [n for n, r in _components(reward) if getattr(r, "served", False)]
