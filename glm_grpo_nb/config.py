@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 
 # %% auto #0
-__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'AR_OBJECTIVES', 'DPO_LOSS_TYPES', 'ROLLOUT_IS_MODES', 'SHARED', 'SFT_HELP',
-           'SFTConfig', 'DPO_SETTINGS', 'DPO_HELP', 'IMAGE_SETTINGS', 'DPOConfig', 'setting', 'renamed_settings',
-           'deprecated', 'choices', 'Settings', 'GRPOConfig']
+__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'AR_OBJECTIVES', 'DPO_LOSS_TYPES', 'ROLLOUT_IS_MODES', 'GUARDS', 'GATE_SIGNS',
+           'GATE_TIES', 'DIVERSITY_FEATURES', 'GARDO_GATE_REWARDS', 'SHARED', 'SFT_HELP', 'SFTConfig', 'DPO_SETTINGS',
+           'DPO_HELP', 'IMAGE_SETTINGS', 'DPOConfig', 'setting', 'renamed_settings', 'deprecated', 'choices',
+           'Settings', 'GRPOConfig']
 
 # %% ../nbs/04b_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
@@ -53,6 +54,10 @@ DIT_OBJECTIVES = ("flow_grpo", "grpo_guard", "flow_dppo", "nft", "awm", "dgpo", 
 AR_OBJECTIVES = ("grpo", "dpo")   # the AR's: token_grpo.TokenGRPO, pairs.TokenDPO
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo")   # dpo.LOSS_TYPES (TRL's names)
 ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")   # loss.rollout_weights' modes
+GUARDS = ("none", "gardo")   # against reward hacking: gardo.Guard
+GATE_SIGNS, GATE_TIES = ("upstream", "proxy_over"), ("first", "average")   # gardo.SIGNS, gardo.TIES
+DIVERSITY_FEATURES = ("pixels",)   # gardo.FEATURES
+GARDO_GATE_REWARDS = ["aesthetic", "imagereward"]   # the authors' auxiliary rewards
 
 def choices(f: dataclasses.Field) -> tuple | None:
     "A setting's allowed values, where it has few."
@@ -178,7 +183,8 @@ class GRPOConfig(Settings):
     dit_lr: float | None = setting(None, "learning rate of the DiT adapters (default: lr)")
     clip_range: float = setting(0.2, "PPO clip range epsilon")
     clip_range_high: float | None = setting(None, "upper clip range, DAPO's clip-higher (default: clip_range)")
-    kl_coef: float = setting(0.0, "weight of the KL to the reference policy (reference_policy)")
+    kl_coef: float | None = setting(None, "weight of the KL to the reference policy (reference_policy); default 0, "
+                                    "0.04 with guard=gardo (the authors' OCR value; 0.07 GenEval, 0.01 HPS)")
     reference_policy: str = setting("start", "the reference of the KL (and of nft's, awm's and dgpo's reference terms): "
                                     "start (the adapters the run started from, e.g. --init-adapters after SFT; "
                                     "without them the base) or base (adapters off)", ("start", "base"))
@@ -246,8 +252,8 @@ class GRPOConfig(Settings):
     optimizer: str = setting("adamw", "optimiser (adamw8bit: bitsandbytes' 8-bit AdamW)", ("adamw", "adamw8bit"))
     weight_decay: float = setting(0.0, "AdamW weight decay")
     adam_epsilon: float = setting(1e-8, "AdamW's epsilon (TRL's adam_epsilon): steps of gradients much smaller than it shrink")
-    advantage_scale: str = setting("group", "advantage std: group (GRPO), batch, or none (Dr. GRPO)",
-                                   ("group", "batch", "none"))
+    advantage_scale: str | None = setting(None, "advantage std: group (GRPO), batch, or none (Dr. GRPO); default group, "
+                                          "none with diversity_bonus (GARDO's)", ("group", "batch", "none"))
     aggregation: str = setting("token_mean", "loss over tokens and steps", ("token_mean", "sequence_mean"))
     importance_sampling_level: str = setting("token", "the AR surrogate's ratio: token (GRPO's) or sequence (GSPO's: the "
                                              "geometric mean of an image's token ratios, clipped as one; TRL's name)",
@@ -275,11 +281,45 @@ class GRPOConfig(Settings):
                                     "output_dir/samples/ and the trackers (0: never)")
     diversity_warning: float = setting(0.5, "warn once when a step's within-group image diversity falls below this "
                                        "fraction of the first step's (a sign of reward hacking; 0: never)")
+    # reward hacking: what every run watches, and GARDO when asked (glm_grpo_nb.gardo)
+    hack_warning: float = setting(0.5, "warn once when a content measure (content/*) moves by this fraction of its first "
+                                  "step's value, or hack/rank_corr stays negative 5 steps running (0: never)")
+    guard: str = setting("none", "against reward hacking: none, or gardo (GARDO as its authors run it: the KL, kl_coef "
+                         "0.04 unless set, only on the samples the gate rewards doubt, a reference copied from the policy "
+                         "as it moves, a bonus for novel images in a group)", GUARDS)
+    gate_rewards: list[str] | None = setting(None, "auxiliary rewards scored on every training image and never trained on "
+                                             "(built-in names): the gate's judges and the aux/<name> metrics (default with "
+                                             "guard=gardo: aesthetic imagereward, the authors'); in Python also {name: reward}")
+    gate_fraction: float = setting(0.1, "guard=gardo: the share of samples the gate takes at first (the authors' 0.1)")
+    gate_fraction_adapt: bool = setting(True, "guard=gardo: the share follows the round's risk, x1.1 above the last 20 "
+                                        "rounds', x0.9 below, within [0.02, 0.2] (the authors' rule)")
+    gate_sign: str = setting("upstream", "guard=gardo: which samples the gate takes: upstream (the authors': those the "
+                             "trained reward rates below the gate rewards) or proxy_over (those it rates above them)",
+                             GATE_SIGNS)
+    gate_ties: str = setting("first", "guard=gardo: equal rewards ranked in index order (first) or at their mean rank "
+                             "(average, for binary rewards)", GATE_TIES)
+    reference_reset_kl: float | None = setting(None, "guard=gardo: at a step's start the reference becomes a copy of the "
+                                               "policy when an optimiser step of the previous one logged a KL above this "
+                                               "(default 3e-4, the authors'; 0: never)")
+    reference_reset_every: int | None = setting(None, "guard=gardo: ... or when more than this many steps have passed "
+                                                "since the last copy (default 15, the authors'; 0: never)")
+    diversity_bonus: bool | None = setting(None, "GARDO's advantages: (r - group mean) times the image's novelty over the "
+                                           "group's mean novelty at or above the group's mean reward (default: on with "
+                                           "guard=gardo)")
+    diversity_features: str = setting("pixels", "the images' features for the novelty: pixels (32x32 RGB, free)",
+                                      DIVERSITY_FEATURES)
+    kl_all_every: int = setting(10, "with a gated KL, every n steps the KL over all samples too (kl_all: the drift no one "
+                                "penalises; 0: never)")
 
     def __post_init__(self):
         self._check_plain()   # the settings as given, without torch: a bad one answers before the objective is asked
         objective = _objective(self.dit_objective)   # its recipe fills in what was left to it
+        gardo = self.guard == "gardo"
+        bonus = gardo if self.diversity_bonus is None else self.diversity_bonus
         resolved = {**objective.defaults, "sde_window_every": 25 if self.sde_window_schedule == "progressive" else 1,
+                    "kl_coef": 0.04 if gardo else 0.0, "diversity_bonus": gardo, "advantage_scale": "none" if bonus else "group",
+                    "gate_rewards": list(GARDO_GATE_REWARDS) if gardo else [], "reference_reset_kl": 3e-4 if gardo else 0.0,
+                    "reference_reset_every": 15 if gardo else 0,
                     "dgpo_trunc_steps": round(0.6 * self.num_inference_steps) if isinstance(self.num_inference_steps, int) else None}
         self._defaulted = {name for name in resolved if getattr(self, name) is None}   # `replace` resolves them again
         for name in self._defaulted: setattr(self, name, resolved[name])
@@ -314,7 +354,7 @@ class GRPOConfig(Settings):
                           ("keep_checkpoints", 1), ("seed", 0), ("max_consecutive_skips", 0), ("keep_results", 1),
                           ("nft_timesteps", 1), ("nft_decay_warmup", 0), ("sde_window_every", 1),
                           ("sde_window_stride", 1), ("awm_timesteps", 1), ("dgpo_timesteps", 1), ("log_images_every", 0),
-                          ("updates_per_batch", 1), ("reward_max_inflight", 1), ("dgpo_trunc_steps", 0), ("dgpo_switch_ema_step", 0), ("dpo_timesteps", 1)):
+                          ("updates_per_batch", 1), ("reward_max_inflight", 1), ("reference_reset_every", 0), ("kl_all_every", 0), ("dgpo_trunc_steps", 0), ("dgpo_switch_ema_step", 0), ("dpo_timesteps", 1)):
             self._integer(name, low)
         self._check_trackers()
         for name, low, strict in (("temperature", 0, True), ("noise_level", 0, False), ("guidance_scale", 0, False),
@@ -324,7 +364,8 @@ class GRPOConfig(Settings):
                                   ("nft_decay_rate", 0, False), ("nft_decay_max", 0, False), ("diversity_warning", 0, False),
                                   ("awm_ema_coef", 0, False), ("dgpo_beta", 0, True), ("dit_clip_range", 0, True), ("awm_ghuber_power", 0, True),
                                   ("matching_adv_clip", 0, True), ("ema_decay_rate", 0, False), ("ema_decay_max", 0, False),
-                                  ("rollout_importance_sampling_threshold", 1, False), ("dpo_beta", 0, True), ("dit_dpo_beta", 0, True)):
+                                  ("rollout_importance_sampling_threshold", 1, False), ("dpo_beta", 0, True), ("dit_dpo_beta", 0, True),
+                                  ("hack_warning", 0, False), ("reference_reset_kl", 0, False)):
             self._number(name, low, strict)
         if not (self._finite(self.top_p) and 0 < self.top_p <= 1): raise self._bad("top_p", "in (0, 1]")
         for name in ("train_ar", "train_dit"):
@@ -344,6 +385,41 @@ class GRPOConfig(Settings):
         if self.ema_decay_max >= 1: raise self._bad("ema_decay_max", "below 1 (at 1 the EMA would never move)")
         if self.diversity_warning >= 1: raise self._bad("diversity_warning", "a fraction below 1")
         if not (self._finite(self.flash_compress) and 0 < self.flash_compress <= 1): raise self._bad("flash_compress", "in (0, 1]")
+        self._check_guard()
+
+    def _check_guard(self):
+        "The settings against reward hacking (no torch needed)."
+        for name in ("gate_fraction_adapt",) + (() if self.diversity_bonus is None else ("diversity_bonus",)):
+            if not isinstance(getattr(self, name), bool): raise self._bad(name, "True or False")
+        g = self.gate_rewards
+        if g is not None and (not isinstance(g, (list, tuple)) or not all(isinstance(n, str) and n for n in g) or len(set(g)) < len(g)):
+            raise self._bad("gate_rewards", "a list of distinct reward names (in Python also {name: reward})")
+        if self.hack_warning >= 1: raise self._bad("hack_warning", "a fraction below 1")
+        v = self.gate_fraction
+        if not (self._finite(v) and ((0.02 <= v <= 0.2) if self.gate_fraction_adapt else (0 < v <= 1))):
+            raise self._bad("gate_fraction", "in [0.02, 0.2] while it adapts (gate_fraction_adapt=False: in (0, 1])"
+                            if self.gate_fraction_adapt else "in (0, 1]")
+        if self.guard != "gardo": return
+        why = "guard='gardo' "
+        if self.mode != "joint":
+            raise ValueError(f"GRPOConfig: {why}judges one group's images for both halves (mode='joint'); decoupled mode "
+                             "samples a group per half: pass mode='joint', or guard='none'.")
+        if self.reference_policy != "start":
+            raise ValueError(f"GRPOConfig: {why}copies the policy into its reference as it moves, so the reference holds "
+                             "adapters; pass reference_policy='start' (the default).")
+        dpo = [h for h, o in (("ar", self.ar_objective), ("dit", self.dit_objective)) if isinstance(o, str) and o == "dpo"]
+        if dpo:
+            raise ValueError(f"GRPOConfig: {why}gates the KL of GRPO's objectives, and {dpo[0]}_objective='dpo' has "
+                             "none (its reference term is DPO's own); pass another objective, or guard='none'.")
+        if self.dit_objective == "dgpo":
+            raise ValueError(f"GRPOConfig: {why}makes its reference a copy of the policy as it moves, and dgpo's group "
+                             "score is measured against its reference; pass another dit_objective, or guard='none'.")
+        if self.gate_rewards is not None and not self.gate_rewards:
+            raise ValueError(f"GRPOConfig: {why}needs gate rewards to judge which samples the trained reward is unsure "
+                             "of; pass gate_rewards (e.g. aesthetic imagereward, the default) or guard='none'.")
+        if self.diversity_bonus and self.advantage_scale == "batch":
+            raise ValueError("GRPOConfig: diversity_bonus weights each group's centred rewards (GARDO's advantages); "
+                             "advantage_scale='batch' has no place in them: pass group or none (the default).")
     @property
     def num_steps(self) -> int:
         "Old name of `num_inference_steps` (warns once)."

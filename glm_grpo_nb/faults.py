@@ -38,20 +38,22 @@ def _trained(self: FaultTolerance) -> list[torch.nn.Parameter]:
 def _snapshot(self: FaultTolerance):
     "Copies of what a step changes: the trained weights, the optimiser state, the counters, the history length and the objectives' state."
     params, state = self._trained, self.optimizer.state
+    guard = getattr(self, "guard", None)   # GARDO's gate, reference and watch
     return ([p.detach().clone() for p in params], [_copy_state(state[p]) if p in state else None for p in params],
             (self.step_count, self.optimizer_steps, self.consecutive_skips, self.skipped_total, len(self.history)),
-            {half: o.snapshot() for half, o in self.objectives.items()})
+            {half: o.snapshot() for half, o in self.objectives.items()}, None if guard is None else guard.snapshot())
 
 @patch
 def _restore(self: FaultTolerance, snap) -> None:
     "Put back what `_snapshot` copied (copies again, so a snapshot can be restored twice)."
-    weights, state, (self.step_count, self.optimizer_steps, self.consecutive_skips, self.skipped_total, n_hist), objectives = snap
+    weights, state, (self.step_count, self.optimizer_steps, self.consecutive_skips, self.skipped_total, n_hist), objectives, guard = snap
     with torch.no_grad():
         for p, w, st in zip(self._trained, weights, state):
             p.copy_(w)
             if st is None: self.optimizer.state.pop(p, None)
             else: self.optimizer.state[p] = _copy_state(st)
     for half, o in objectives.items(): self.objectives[half].restore(o)
+    if guard is not None: self.guard.restore(guard)
     del self.history[n_hist:]
 
 @patch

@@ -49,10 +49,15 @@ class ForwardProcessObjective(Objective):
 
     def num_parts(self, prepared): return prepared["points"].num_timesteps
 
-    def velocity_kl(self, v, points, part, loss, m):
-        "`loss` + kl_coef * |v - v_ref|^2 at the `part`-th noise level, when reference velocities were prepared."
+    def velocity_kl(self, v, points, part, loss, m, gate=None):
+        "`loss` + kl_coef * |v - v_ref|^2 at the `part`-th noise level, when reference velocities were prepared; with"
+        " GARDO's `gate`, over the gated samples, or every sample when none is (the authors' NFT script)."
         if points.ref_velocity is not None:
-            kl = ((v - self.policy.on_device(points.ref_velocity[:, part])) ** 2).mean()
+            d = (v - self.policy.on_device(points.ref_velocity[:, part])) ** 2
+            if gate is None: kl = d.mean()
+            else:
+                per, gate = d.flatten(1).mean(1), self.policy.on_device(gate)
+                kl, m["kl_all"] = (per[gate] if gate.any() else per).mean(), per.mean().item()
             loss, m["kl"] = loss + self.config.kl_coef * kl, kl.item()
         return loss, m
 
@@ -102,7 +107,7 @@ class DiffusionNFT(ForwardProcessObjective):
             with self.old.swapped(): pts.old_velocity = point_values(self, traj, pts)
             if c.kl_coef > 0:
                 with self.policy.reference(): pts.ref_velocity = point_values(self, traj, pts)
-        return {"points": pts}, {}
+        return {"points": pts, **(self.gate_entries(self.kl_gate()) if c.kl_coef > 0 else {})}, {}
 
     def loss(self, traj, advantages, prepared, part):
         "The loss at each sample's `part`-th noise level (+ KL on the velocity to the reference)."
@@ -113,7 +118,7 @@ class DiffusionNFT(ForwardProcessObjective):
         loss = nft_loss(v, v_old, target, dev(traj.sigmas[idx]), dev(nft_optimality(advantages, c.nft_adv_clip)),
                         beta=c.nft_beta, adv_clip=c.nft_adv_clip).mean()
         m = {"policy_loss": loss.item(), "old_deviate": ((v.detach() - v_old) ** 2).mean().item()}
-        return self.velocity_kl(v, points, part, loss, m)
+        return self.velocity_kl(v, points, part, loss, m, prepared.get("kl_gate"))
 
     def after_step(self, optimizer_steps):   # once per sampled batch, its decay from the optimiser steps (the authors')
         c = self.config
@@ -198,7 +203,7 @@ class AWM(MatchingObjective):
                 with self.policy.reference(): pts.ref_velocity = point_values(self, traj, pts)
             if self.ema is not None:
                 with self.ema.swapped(): out["ema_velocity"] = point_values(self, traj, pts)
-        return out, {}
+        return {**out, **(self.gate_entries(self.kl_gate()) if c.kl_coef > 0 else {})}, {}
 
     def loss(self, traj, advantages, prepared, part):
         c, dev, pts = self.config, self.policy.on_device, prepared["points"]
@@ -213,7 +218,7 @@ class AWM(MatchingObjective):
         if "ema_velocity" in prepared:
             drift = ((v - dev(prepared["ema_velocity"][:, part])) ** 2).mean()
             loss, m["ema_deviate"] = loss + c.awm_ema_coef * drift, drift.item()
-        return self.velocity_kl(v, pts, part, loss, m)
+        return self.velocity_kl(v, pts, part, loss, m, prepared.get("kl_gate"))
 
 class DGPO(MatchingObjective):
     "Direct Group Preference Optimization: each sample's matching error weighted by its advantage and its group's score."
@@ -270,6 +275,6 @@ class DGPO(MatchingObjective):
                                 dev(clipped_advantages(advantages, c.matching_adv_clip)), weight, c.dit_clip_range)
         m = {"group_weight": weight.mean().item(), "group_weight_min": weight.min().item(), "group_weight_max": weight.max().item(),
              "frozen_fraction": frozen.double().mean().item(), "matching_error": error.mean().item()}
-        return self.velocity_kl(v, pts, part, per.mean().float(), m)
+        return self.velocity_kl(v, pts, part, per.mean().float(), m, prepared.get("kl_gate"))
 
     def after_update(self, optimizer_steps): return self.follow(optimizer_steps)   # after every optimiser step, as the authors

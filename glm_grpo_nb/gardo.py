@@ -11,9 +11,13 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .policy import AdapterWeights
+from .rewards import evaluate_reward
+
 # %% auto #0
-__all__ = ['SIGNS', 'TIES', 'ranks', 'rank_uncertainty', 'GateFraction', 'uncertainty_gate', 'gardo_advantages', 'gated_step_kl',
-           'ReferenceReset']
+__all__ = ['SIGNS', 'TIES', 'CONTENT', 'FEATURES', 'ranks', 'rank_uncertainty', 'GateFraction', 'uncertainty_gate',
+           'gardo_advantages', 'gated_step_kl', 'ReferenceReset', 'content_measures', 'rank_correlation', 'HackWatch',
+           'pixel_features', 'Guard']
 
 # %% ../nbs/02i_gardo.ipynb #04616263
 SIGNS, TIES = ("upstream", "proxy_over"), ("first", "average")
@@ -151,3 +155,163 @@ class ReferenceReset:
     def age(self, k: int) -> int: return k - self.last
     def state_dict(self) -> dict: return {"due": self.due, "last": self.last, "resets": self.resets}
     def load_state_dict(self, d: dict): self.due, self.last, self.resets = bool(d["due"]), int(d["last"]), int(d["resets"])
+
+# %% ../nbs/02i_gardo.ipynb #4ddc61e5
+CONTENT = ("brightness", "dark_fraction", "edge_density", "colour_entropy")
+
+def content_measures(images: list[Image.Image]) -> dict[str, torch.Tensor]:
+    "{measure: [N]}: mean luminance, share of dark pixels, share of edge pixels, colour entropy in bits (see above)."
+    out = {k: [] for k in CONTENT}
+    for im in images:
+        x = np.asarray(im.convert("RGB"), dtype=np.float32) / 255
+        y = x @ np.array([0.299, 0.587, 0.114], dtype=np.float32)
+        gy, gx = np.gradient(y)
+        codes = (np.minimum(x * 8, 7).astype(np.int64) * np.array([64, 8, 1])).sum(-1)
+        share = np.bincount(codes.ravel(), minlength=512) / codes.size
+        share = share[share > 0]
+        out["brightness"].append(float(y.mean()))
+        out["dark_fraction"].append(float((y < 0.15).mean()))
+        out["edge_density"].append(float((np.hypot(gx, gy) > 0.1).mean()))
+        out["colour_entropy"].append(float(-(share * np.log2(share)).sum()))
+    return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
+
+def rank_correlation(proxy, aux: list) -> float:
+    "Spearman's correlation of `proxy` with the auxiliary rewards' mean rank (tied ranks averaged); NaN when either is constant."
+    a = torch.stack([ranks(v, "average") for v in aux]).mean(0)
+    p = ranks(proxy, "average")
+    p, a = p - p.mean(), a - a.mean()
+    den = (p.norm() * a.norm()).item()
+    return (p @ a).item() / den if den > 0 else float("nan")
+
+# %% ../nbs/02i_gardo.ipynb #5391c9df
+class HackWatch:
+    "Says once when a content measure moves by `fraction` of its first value, or the proxy disagrees with the auxiliaries `streak` steps running."
+    def __init__(self, fraction: float = 0.5, streak: int = 5):
+        self.fraction, self.streak = fraction, streak
+        self.first, self.negative, self.warned = {}, 0, False
+
+    def update(self, step: int, metrics: dict) -> str | None:
+        "Take a step's metrics; the warning's text the first time a sign shows, else None."
+        sign = None
+        for k in CONTENT:
+            v = metrics.get(f"content/{k}")
+            if v is None or not math.isfinite(v): continue
+            first = self.first.setdefault(k, v)
+            if sign is None and self.fraction and abs(v - first) >= self.fraction * max(abs(first), 0.05):
+                sign = f"content/{k} moved from {first:.4f} at the first step to {v:.4f}"
+        corr = metrics.get("hack/rank_corr")
+        if corr is not None and math.isfinite(corr):
+            self.negative = self.negative + 1 if corr < 0 else 0
+            if sign is None and self.streak and self.negative >= self.streak:
+                sign = (f"hack/rank_corr, the trained reward's agreement with the gate rewards, has been negative for "
+                        f"{self.negative} steps ({corr:+.3f} now)")
+        if sign is None or self.warned: return None
+        self.warned = True
+        return (f"GRPO step {step}: {sign}. The policy may be gaming its reward: look at the groups (show_history), score "
+                "with a held-out reward (eval_reward=), and try guard='gardo' (--guard gardo: a KL on the samples the gate "
+                "rewards doubt, a reference that follows the policy), a uniform kl_coef > 0, or base_tail_steps at inference.")
+
+    def state_dict(self) -> dict: return {"first": dict(self.first), "negative": self.negative, "warned": self.warned}
+    def load_state_dict(self, d: dict): self.first, self.negative, self.warned = dict(d["first"]), int(d["negative"]), bool(d["warned"])
+
+# %% ../nbs/02i_gardo.ipynb #696a5561
+FEATURES = ("pixels",)
+
+def pixel_features(images: list[Image.Image], size: int = 32) -> torch.Tensor:
+    "[N, 3 size^2] each image at size x size RGB (bilinear) in [-0.5, 0.5]: the novelty's free features."
+    return torch.stack([torch.from_numpy(np.asarray(im.convert("RGB").resize((size, size), Image.BILINEAR), dtype=np.float64)
+                                         .ravel() / 255 - 0.5) for im in images])
+
+# %% ../nbs/02i_gardo.ipynb #fcd37387
+class Guard:
+    "A run's watch over its reward, and GARDO when its settings ask; the trainer calls `round` once a step, `after_update` after each optimiser step."
+    def __init__(self, config, gate_rewards: dict | None = None, named_params: list | None = None):
+        c = config
+        self.gardo, self.kl_on = c.guard == "gardo", c.guard == "gardo" and c.kl_coef > 0
+        self.gate_rewards = dict(gate_rewards or {})
+        self.fraction = GateFraction(base=c.gate_fraction) if c.gate_fraction_adapt else None
+        self.reset = ReferenceReset(c.reference_reset_kl, c.reference_reset_every)
+        self.watch = HackWatch(c.hack_warning)
+        # GARDO's reference: a copy of the trained adapters (at first the ones the run starts from), not the base
+        self.reference = AdapterWeights(named_params) if self.kl_on and named_params else None
+
+    def round(self, config, step: int, images, prompts, targets, sources, columns, rewards, gather, first: int):
+        "(advantages or None, gate or None, metrics, {name: [n] per sample}) for this process's n samples at rows first.. of the batch."
+        c, n, m, per = config, len(images), {}, {}
+        here = slice(first, first + n)
+        proxy = gather(rewards.double())
+        aux = {name: gather(evaluate_reward(fn, images, prompts, targets, sources, columns=columns).total.double())
+               for name, fn in self.gate_rewards.items()}
+        m.update({f"aux/{name}": v.mean().item() for name, v in aux.items()})
+        m.update({f"content/{k}": gather(v).mean().item() for k, v in content_measures(images).items()})
+        if aux: m["hack/rank_corr"] = rank_correlation(proxy, list(aux.values()))
+        gate = None
+        if self.gardo:
+            u = rank_uncertainty(proxy, list(aux.values()), c.gate_ties, c.gate_sign)
+            p = self.fraction.update(u) if self.fraction is not None else c.gate_fraction
+            gate, threshold = uncertainty_gate(u, p)
+            m.update({"gate/fraction": p, "gate/share": gate.double().mean().item(), "gate/threshold": threshold})
+            per.update(uncertainty=u[here].float(), gated=gate[here].float())
+            gate = gate[here]
+        adv = None
+        if c.diversity_bonus:
+            feats = gather(pixel_features(images))
+            groups = (torch.arange(len(proxy)) // c.group_size).tolist()   # prompt-major on every process
+            adv, w, nov = gardo_advantages(proxy, groups, feats, scale="group" if c.advantage_scale == "group" else "none")
+            m.update({"diversity/novelty_mean": nov.mean().item(), "diversity/weight_max": w.max().item()})
+            per["diversity_weight"] = w[here].float()
+            adv = adv[here].to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+        if self.reference is not None: m.update({"reference/resets": float(self.reset.resets), "reference/age": float(self.reset.age(step))})
+        return adv, gate, m, per
+
+    def start_of_round(self, step: int) -> bool:
+        "At a step's start: copy the trained adapters into the reference when the reset rule says so (True when it did)."
+        if self.reference is None or not self.reset.start_of_round(step): return False
+        with torch.no_grad(): self.reference.weights = [p.detach().clone() for p in self.reference.params]
+        return True
+
+    def after_update(self, kl: float | None) -> None:
+        "After an optimiser step: the KL it logged (every process's mean), for the reset rule."
+        if self.reference is not None and kl is not None: self.reset.after_step(kl)
+
+    def reference_of(self, policy):
+        "A context in which `policy.reference()` is GARDO's reference (without GARDO: the policy's own)."
+        import contextlib
+        if self.reference is None: return contextlib.nullcontext()
+        @contextlib.contextmanager
+        def swapped():
+            kept = policy.start_weights, policy.reference_policy
+            policy.start_weights, policy.reference_policy = self.reference, "start"
+            try: yield
+            finally: policy.start_weights, policy.reference_policy = kept
+        return swapped()
+
+    def state_dict(self) -> dict:
+        return {"fraction": None if self.fraction is None else self.fraction.state_dict(), "reset": self.reset.state_dict(),
+                "watch": self.watch.state_dict()}
+
+    def load_state_dict(self, d: dict | None) -> None:
+        if not d: return   # a checkpoint of a run without a guard's state: as at the start
+        if self.fraction is not None and d.get("fraction"): self.fraction.load_state_dict(d["fraction"])
+        self.reset.load_state_dict(d["reset"]); self.watch.load_state_dict(d["watch"])
+
+    def reference_tensors(self) -> dict[str, torch.Tensor]:
+        return {} if self.reference is None else {n: w.detach().cpu().contiguous() for n, w in zip(self.reference.names, self.reference.weights)}
+
+    def load_reference(self, tensors: dict | None, where: str) -> None:
+        if self.reference is None or tensors is None: return
+        missing = [n for n in self.reference.names if n not in tensors or tensors[n].shape != self.reference.params[self.reference.names.index(n)].shape]
+        if missing: raise ValueError(f"{where}: GARDO's reference in the checkpoint does not match this policy's adapters "
+                                     f"({len(missing)} tensor(s), e.g. {missing[0]}); resume with the adapters the run trained.")
+        dev = self.reference.params[0].device
+        self.reference.weights = [tensors[n].to(dev, self.reference.params[i].dtype) for i, n in enumerate(self.reference.names)]
+
+    def snapshot(self):
+        import copy
+        return copy.deepcopy(self.state_dict()), None if self.reference is None else [w.clone() for w in self.reference.weights]
+
+    def restore(self, snap) -> None:
+        import copy
+        state, weights = snap
+        self.load_state_dict(copy.deepcopy(state))
+        if weights is not None: self.reference.weights = [w.clone() for w in weights]

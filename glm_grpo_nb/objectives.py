@@ -90,6 +90,38 @@ class Objective(ABC):
         "After each optimiser step, `optimizer_steps` of them done in all (the authors' global_step): metrics."
         return {}
 
+    def kl_gate(self) -> torch.Tensor | None:
+        "The step's samples (this process's, [N] bool) its KL is on: GARDO's gate; None: every sample."
+        return getattr(self.trainer, "kl_gate", None)
+
+    def reference_rows(self, compute, data, gate: torch.Tensor | None):
+        "`compute(data)` ([N, ...], no gradients) on every sample, or with a gate on the gated ones only (the rest 0; None if none is);"
+        " every sample again when the step reports the KL over all of them (`kl_all_every`)."
+        if gate is None or gate.all() or getattr(self.trainer, "kl_all_due", False): return compute(data)
+        rows = gate.nonzero().flatten().tolist()
+        if not rows: return None
+        part = compute(data.select(rows))
+        out = part.new_zeros((len(gate), *part.shape[1:]))
+        out[rows] = part
+        return out
+
+    def gated_kl(self, kl: torch.Tensor, prepared: dict, loss, m: dict):
+        "`loss` + kl_coef x the mean of `kl` ([n, ...] per sample) over the micro-batch's gated samples (GARDO's KL): 0, and no"
+        " gradient, when none is; `kl_all` beside it on steps whose reference covers every sample."
+        gate, per = self.policy.on_device(prepared["kl_gate"]), kl.flatten(1).mean(1)
+        if bool(prepared["kl_all"].all()): m["kl_all"] = per.mean().item()
+        if not gate.any():
+            m["kl"] = 0.0
+            return loss, m
+        gated = per[gate].mean()
+        m["kl"] = gated.item()
+        return loss + self.config.kl_coef * gated, m
+
+    def gate_entries(self, gate: torch.Tensor | None) -> dict:
+        "What `prepare` keeps of a gate, indexed like the samples: the gate, and whether the reference covers every sample."
+        if gate is None: return {}
+        return {"kl_gate": gate.clone(), "kl_all": torch.full((len(gate),), bool(gate.all()) or getattr(self.trainer, "kl_all_due", False))}
+
     def after_step(self, optimizer_steps: int) -> dict:
         "After a successful training step (all its optimiser steps), `optimizer_steps` done in all: metrics."
         return {}
@@ -141,9 +173,12 @@ class FlowGRPO(Objective):
         c, prepared = self.config, {}
         if c.kl_coef > 0:
             key = "return_velocities" if c.kl_type == "velocity" else "return_means"
+            gate = self.kl_gate()   # GARDO: the reference's forwards on the gated samples only
             with torch.no_grad(), self.policy.reference():
-                prepared["reference"] = to_host(self.policy.latent_logprobs(traj, micro_batch_size=c.micro_batch_size,
-                                                                            **{key: True})[1])
+                ref = self.reference_rows(lambda d: to_host(self.policy.latent_logprobs(
+                    d, micro_batch_size=c.micro_batch_size, **{key: True})[1]), traj, gate)
+            if ref is not None: prepared["reference"] = ref
+            prepared.update(self.gate_entries(gate))
         if self.needs_means:   # the sampling adapters' step log-probs and means, frozen before any update of this batch
             with torch.no_grad():
                 lp, means = self.policy.latent_logprobs(traj, micro_batch_size=c.micro_batch_size, return_means=True)
@@ -162,7 +197,9 @@ class FlowGRPO(Objective):
                                  weights=weights)
 
     def loss(self, traj, advantages, prepared, part):
-        c, dev, kl_on = self.config, self.policy.on_device, "reference" in prepared
+        c, dev = self.config, self.policy.on_device
+        # GARDO: a micro-batch with none gated needs the reference only where the step reports the KL over every sample
+        kl_on = "reference" in prepared and ("kl_gate" not in prepared or bool(prepared["kl_gate"].any() or prepared["kl_all"].all()))
         velocity_kl = c.kl_type == "velocity"
         want_means, want_velocities = self.needs_means or (kl_on and not velocity_kl), kl_on and velocity_kl
         out = self.policy.latent_logprobs(traj, return_means=want_means, return_velocities=want_velocities)
@@ -172,13 +209,16 @@ class FlowGRPO(Objective):
         loss, m = self.policy_loss(traj, lp, means, dev(advantages), prepared, mask)
         if kl_on:
             ref = dev(prepared["reference"])
-            if velocity_kl: kl = ((extra[0] - ref) ** 2).mean()
+            if velocity_kl: kl = (extra[0] - ref) ** 2
             else:
                 kl = gaussian_kl(means, ref, dev(traj.step_std[traj.stochastic]))   # [n, k] the steps' exact KL
                 if c.kl_type == "mean" and traj.sde_type == "sde":   # Flow-GRPO's code divides by 2 s^2, not 2 s^2 |dt|
                     kl = kl * dev((traj.sigmas[1:] - traj.sigmas[:-1]).abs()[traj.stochastic])
+            if "kl_gate" in prepared: loss, m = self.gated_kl(kl, prepared, loss, m)
+            else:
                 kl = kl.mean()
-            loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
+                loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
+        elif "kl_gate" in prepared: m["kl"] = 0.0   # none gated in this step: no reference, no KL
         m["nonfinite_logprobs"] = int((~lp.detach().isfinite() & mask).sum())   # the trainer's account of a skipped step
         return loss, m
 

@@ -362,6 +362,9 @@ def save(self: RunLoop, directory: str | Path | None = None) -> Path | None:
                  "skipped_total": self.skipped_total, "config": self.config.to_dict(), "run": self._run_identity(),
                  "rng": rng_state()}
         tensors = {name: t for o in self.objectives.values() for name, t in o.checkpoint_tensors().items()}
+        if (guard := getattr(self, "guard", None)) is not None:   # GARDO's gate, watch and reference
+            state["guard"] = guard.state_dict()
+            if guard.reference is not None: tensors["gardo_reference"] = guard.reference_tensors()
         write_checkpoint(directory, self.policy, self.optimizer, state, keep=self.config.keep_checkpoints if ours else None,
                          tensors=tensors)
     acc.wait_for_everyone()
@@ -387,7 +390,8 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
                          "your own; pass dit_objective=<that objective object> to resume it.")
     try: stored = (cls.config_class or GRPOConfig).from_dict(stored)
     except (TypeError, ValueError, KeyError) as e: raise damaged(ckpt / "trainer_state.json", e) from None
-    settings = {k: v for k, v in overrides.items() if k in stored.to_dict()}
+    settings = {k: list(v) if k == "gate_rewards" and isinstance(v, dict) else v   # {name: reward}: its names are the setting
+                for k, v in overrides.items() if k in stored.to_dict()}
     dataset = _as_dataset(dataset)
     if overrides.get("init_adapters") is not None: policy.start_from(overrides.pop("init_adapters"))   # part of what must match
     now = run_identity(policy, dataset, reward_fn, overrides.get("ar_reward_fn"), overrides.get("dit_reward_fn"))
@@ -405,6 +409,9 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
     trainer.optimizer.load_state_dict(opt)   # restores the moments and step counts, and each group's stored lr, decay...
     for group, values in zip(trainer.optimizer.param_groups, asked): group.update(values)   # ...which the settings replace
     for o in trainer.objectives.values(): o.load_checkpoint(lambda name: read_tensors(ckpt, name), ckpt)   # e.g. NFT's old adapter
+    if (guard := getattr(trainer, "guard", None)) is not None:
+        guard.load_state_dict(state.get("guard"))
+        guard.load_reference(read_tensors(ckpt, "gardo_reference"), f"resume: {ckpt}")
     trainer.step_count, trainer.history = state["step"], state["history"]
     # a checkpoint written before optimiser steps were counted: one per pass over each step's batch
     trainer.optimizer_steps = state.get("optimizer_steps", state["step"] * getattr(stored, "num_inner_epochs", 1))

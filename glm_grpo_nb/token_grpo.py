@@ -25,8 +25,12 @@ class TokenGRPO(Objective):
         with torch.no_grad():
             if c.kl_coef > 0:   # the whole codebook at the sampling temperature, as TRL: truncated like the policy, a
                 # token outside the reference's top-k/top-p set would get -3.4e38, a constant KL and no gradient
+                gate = self.kl_gate()   # GARDO: the reference's forwards on the gated images only
                 with pol.reference():
-                    out["ref_logprobs"] = to_host(pol.token_logprobs(roll, micro_batch_size=c.micro_batch_size, truncated=False))
+                    ref = self.reference_rows(lambda r: to_host(pol.token_logprobs(r, micro_batch_size=c.micro_batch_size,
+                                                                                   truncated=False)), roll, gate)
+                if ref is not None: out["ref_logprobs"] = ref
+                out.update(self.gate_entries(gate))
             # in the micro-batches the update meets: the same rows together, so the first ratios are exactly 1
             out["old_logprobs"] = torch.zeros(roll.logprobs.shape)
             for rows in self.update_batches(roll.num_samples):
@@ -59,9 +63,16 @@ class TokenGRPO(Objective):
         loss, m = clipped_surrogate(lp, dev(prepared["old_logprobs"]), dev(advantages), mask=mask, clip_range=c.clip_range,
                                     clip_range_high=c.clip_range_high, aggregation=c.aggregation, weights=weights,
                                     importance_sampling_level=c.importance_sampling_level)
-        if "ref_logprobs" in prepared:
+        if "ref_logprobs" in prepared and "kl_gate" in prepared:   # GARDO: the KL on the gated images' tokens
+            ref, gate = dev(prepared["ref_logprobs"]), dev(prepared["kl_gate"])
+            if bool(prepared["kl_all"].all()): m["kl_all"] = aggregate(kl_k3(lp.detach(), ref, mask), mask, c.aggregation).item()
+            kl = aggregate(kl_k3(lp[gate], ref[gate], mask[gate]), mask[gate], c.aggregation) if gate.any() else None
+            if kl is not None: loss = loss + c.kl_coef * kl
+            m["kl"] = 0.0 if kl is None else kl.item()
+        elif "ref_logprobs" in prepared:
             kl = aggregate(kl_k3(lp, dev(prepared["ref_logprobs"]), mask), mask, c.aggregation)
             loss, m["kl"] = loss + c.kl_coef * kl, kl.item()
+        elif "kl_gate" in prepared: m["kl"] = 0.0   # none gated in this step: no reference, no KL
         m["nonfinite_logprobs"] = int((~lp.detach().isfinite() & kept).sum())   # the trainer's account of a skipped step
         return loss, m
 

@@ -18,9 +18,10 @@ from .card import ModelCard
 from .faults import FaultTolerance, OutOfMemory, TrainingStopped, is_out_of_memory  # noqa: F401 (documented here too)
 from .objectives import TokenGRPO, make_objective
 from .pairs import TokenDPO
+from .gardo import Guard
 from .policy import GlmImagePolicy, generators, mix_seed, randn_rows
 from .rewards import (NonFiniteRewardError, RewardOutput, RewardOverlap, check_reward_rows, check_reward_signature, evaluate_reward, served_rewards,
-                                 reward_name)
+                                 load_reward, reward_name)
 from .run import FitSummary, RunLoop, _as_dataset, _chunks, _columns  # noqa: F401 (FitSummary: documented here too)
 from .tokens import TokenRollout, concat_rollouts
 from .update import Updates, UpdateResult, _timed  # noqa: F401 (UpdateResult: documented here too)
@@ -82,6 +83,7 @@ class StepResult:
     dit_images: list[Image.Image] | None = None  # decoupled mode: the DiT group
     dit_rewards: torch.Tensor | None = None
     dit_advantages: torch.Tensor | None = None
+    per_sample: dict = field(default_factory=dict)  # {name: [N]} the guard's: uncertainty u, gated, diversity_weight
 
     def __repr__(self):
         m = self.metrics
@@ -132,11 +134,14 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         self.dataset = _as_dataset(dataset)
         self.eval_dataset = _as_dataset(eval_prompts) if eval_prompts is not None else None
         self.eval_reward = eval_reward
+        gate_fns = settings.pop("gate_rewards") if isinstance(settings.get("gate_rewards"), dict) else None
+        if gate_fns is not None: settings["gate_rewards"] = list(gate_fns)   # {name: reward}: the names are the settings'
         c = (GRPOConfig() if config is None else config).replace(**settings)
         if c.height is None or c.width is None:
             w, h = self._default_size()
             c = c.replace(height=h if c.height is None else c.height, width=w if c.width is None else c.width)
         self.config = c
+        self.gate_rewards = self._gate_rewards(gate_fns)   # auxiliary rewards, never trained on: checked with the others
         if init_adapters is not None: policy.start_from(init_adapters)   # before the run's record names what it began from
         policy.reference_policy = c.reference_policy
         ar_named, dit_named = self._open_run(output_dir, log_with, accelerator, _resuming)
@@ -144,6 +149,9 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         self.objectives = {"ar": TokenDPO() if c.ar_objective == "dpo" else TokenGRPO(), "dit": make_objective(c.dit_objective)}
         self.objectives["ar"].setup(self, ar_named, c.train_ar)
         self.objectives["dit"].setup(self, dit_named, c.train_dit)
+        # against reward hacking: the signs every step, and GARDO when asked (glm_grpo_nb.gardo)
+        self.guard = Guard(c, self.gate_rewards, ar_named + dit_named)
+        self.kl_gate, self.kl_all_due = None, False   # the step's gated samples, which the objectives' KL reads
         self._diversity_warned = False
         if c.reward_overlap and self._overlap_chunk() is None:   # asked for, and nothing to overlap: said once, here
             why = ("decoupled mode scores its two groups after sampling" if c.mode == "decoupled" and served_rewards(self.reward_fn)
@@ -159,9 +167,10 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         c, data = self.config, self.dataset
         self._check_policy()
         checked = set()
+        gates = [(f"gate_rewards[{name!r}]", fn, data) for name, fn in getattr(self, "gate_rewards", {}).items()]
         for role, fn, rows in (("reward_fn", self.reward_fn, data), ("ar_reward_fn", self.ar_reward_fn, data),
                                ("dit_reward_fn", self.dit_reward_fn, data),
-                               ("eval_reward", self.eval_reward, self.eval_dataset or data)):
+                               ("eval_reward", self.eval_reward, self.eval_dataset or data), *gates):
             if fn is None: continue
             check_reward_signature(fn, role, rows.column_names)   # def r(images, prompts) fails here, not after sampling
             check_reward_rows(fn, rows, role)                     # rows a reward cannot judge (GenEval's metadata)
@@ -174,6 +183,17 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         if self.eval_dataset is not None:   # evaluate() scores the eval prompts with reward_fn too
             check_reward_signature(self.reward_fn, "reward_fn (on eval_prompts)", self.eval_dataset.column_names)
         self._check_images(data)
+
+    def _gate_rewards(self, given: dict | None) -> dict:
+        "The gate rewards by name: those given as {name: reward}, else the built-ins `gate_rewards` names, loaded."
+        if given is not None: return dict(given)
+        out = {}
+        for name in self.config.gate_rewards:
+            try: out[name] = load_reward(name)
+            except TypeError as e:   # an option without a default, e.g. aesthetic's head
+                raise ValueError(f"GRPOTrainer: gate reward {name!r} cannot be loaded with its defaults ({e}); pass gate_rewards="
+                                 f"{{{name!r}: <reward>}} (glm-grpo train: --reward-models {name}.OPTION=VALUE).") from None
+        return out
 
     def __repr__(self):
         c = self.config
@@ -315,8 +335,9 @@ def step(self: GRPOTrainer) -> StepResult:
             self._count_skip(error or "a reward was not finite on another process")   # the skip_reason too
             res = self._skipped_result(prompts)
         else:
-            metrics, adv, dit_adv, sec = self._retry_oom("update", len(s.prompts), lambda: self.update(s, snapshot=snap),
-                                                         before_retry=lambda: self._restore(snap))
+            up = self._retry_oom("update", len(s.prompts), lambda: self.update(s, snapshot=snap),
+                                 before_retry=lambda: self._restore(snap))
+            metrics, adv, dit_adv, sec = up
             metrics.update({f"lowered/{k}": float(v) for k, v in self._lowered.items()})
             if self.config.sde_window_schedule != "fixed":   # where the moving window was
                 metrics["sde_window_start"] = float(self.config.sde_window_of(self.step_count)[0])
@@ -327,9 +348,10 @@ def step(self: GRPOTrainer) -> StepResult:
                              reward_components=s.reward.components, advantages=adv, metrics=metrics,
                              seconds={**s.seconds, **sec}, skipped=bool(metrics["skipped"]), dit_images=s.dit_images,
                              skip_reason=self.skip_reason, dit_rewards=None if s.dit_reward is None else s.dit_reward.total,
-                             dit_advantages=None if s.dit_reward is None else dit_adv)
+                             dit_advantages=None if s.dit_reward is None else dit_adv, per_sample=up.per_sample)
         self._log(res)
         self._watch_diversity(res.metrics)
+        if not res.skipped and (said := self.guard.watch.update(res.step, res.metrics)): warnings.warn(said)
         return res
     return self._all_or_nothing(snap, body)
 

@@ -77,13 +77,15 @@ def train(
     model, allowed = _check_run("train", settings.get("eval_every"), model, out, allow_changes, eval_prompts, init_adapters)
     config_of(GRPOConfig, {**TRAIN_DEFAULTS, **settings}, plain=True)   # bad settings fail here, before torch loads
     from glm_grpo_nb.reward_spec import check_rewards
-    for spec in filter(None, (reward, eval_reward)): check_rewards(spec, reward_models)   # a missing model: one line, next
     config = config_of(GRPOConfig, {**TRAIN_DEFAULTS, **settings})   # then the objective's checks (it loads the policy's code)
+    gate_spec = ",".join(config.gate_rewards)   # --guard gardo's auxiliary rewards, never trained on: found like the others
+    for spec in filter(None, (reward, eval_reward, gate_spec)): check_rewards(spec, reward_models)   # a missing model: one line
     from glm_grpo_nb.reward_spec import parse_rewards
     from glm_grpo_nb.rewards import check_reward_rows, combine
     from glm_grpo_nb.trainer import GRPOTrainer
     reward_fn = combine(parse_rewards(reward, reward_models, wait=reward_wait))
     held = combine(parse_rewards(eval_reward, reward_models, wait=reward_wait)) if eval_reward else None
+    gates = dict(zip(config.gate_rewards, parse_rewards(gate_spec, reward_models, wait=reward_wait))) if gate_spec else {}
     data_of = _data_reader(config, targets, sources, split, resize, prompt_column, target_column, source_column)
     dataset = data_of(prompts, "train")
     evals = dict(eval_prompts=data_of(eval_prompts, "eval") if eval_prompts else None, eval_reward=held)
@@ -99,9 +101,9 @@ def train(
     accelerator, policy = _policy_here(model, out, device, load_in_4bit, ar_lora, dit_lora, config, init_adapters)
     return _fit_run(out, steps, accelerator, evaluate_ends=bool(eval_prompts) and not config.eval_every,
                     new=lambda: GRPOTrainer(policy, reward_fn, dataset, config=config, output_dir=out,
-                                            accelerator=accelerator, **evals),
-                    resume=lambda: GRPOTrainer.resume(out, policy, reward_fn, dataset, allow_changes=allowed,
-                                                      output_dir=out, accelerator=accelerator, **evals, **settings))
+                                            accelerator=accelerator, gate_rewards=gates, **evals),
+                    resume=lambda: GRPOTrainer.resume(out, policy, reward_fn, dataset, allow_changes=allowed, output_dir=out,
+                                                      accelerator=accelerator, **evals, **settings, **({"gate_rewards": gates} if gates else {})))
 
 def sft(
     model: str = None,         # GLM-Image folder or hub id (required)

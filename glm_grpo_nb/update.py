@@ -7,6 +7,7 @@ over its optimiser steps and micro-batches, all or nothing."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -43,6 +44,19 @@ def _global_advantages(self: Updates, rewards: torch.Tensor):
     return adv[acc.process_index * n:(acc.process_index + 1) * n], stats, full
 
 @patch
+def _gather_rows(self: Updates, t: torch.Tensor) -> torch.Tensor:
+    "Every process's rows of `t` ([n, ...], this process's samples) in process order, on the host: the step's whole batch."
+    acc = self.accelerator
+    return to_host(acc.gather(self.policy.on_device(t.contiguous())) if acc.num_processes > 1 else t)
+
+@patch
+def _mean_everywhere(self: Updates, value: float) -> float:
+    "The mean of `value` over the processes (the same number on each)."
+    acc = self.accelerator
+    if acc.num_processes == 1: return value
+    return acc.reduce(self.policy.on_device(torch.tensor(float(value), dtype=torch.float64)), reduction="mean").item()
+
+@patch
 def _diversity(self: Updates, images) -> float:
     "Mean within-group diversity of this step's images, over every process's groups."
     local = group_diversity(images, self.config.group_size).mean()
@@ -70,6 +84,7 @@ class UpdateResult:
     advantages: torch.Tensor       # [N]
     dit_advantages: torch.Tensor   # [N] (joint mode: the same as advantages)
     seconds: dict[str, float]      # prepare, update_ar, update_dit, optimizer
+    per_sample: dict = dataclasses.field(default_factory=dict)   # {name: [N]} the guard's: uncertainty, gated, diversity_weight
 
     def __iter__(self):   # metrics, adv, dit_adv, sec = trainer.update(s)
         return iter((self.metrics, self.advantages, self.dit_advantages, self.seconds))
@@ -99,10 +114,23 @@ def update(self: Updates, s, snapshot=None) -> UpdateResult:
     if s.dit_reward is not None: metrics["dit_reward_mean"] = s.dit_reward.total.mean().item()
     metrics["diversity"] = self._diversity(s.images)
     if s.dit_images is not None: metrics["dit_diversity"] = self._diversity(s.dit_images)
+    metrics.update({"reward/zero_std_ratio": stats["zero_std_fraction"], "reward/group_std_mean": stats["group_std_mean"]})
+    # against reward hacking (`gardo`): the signs every step; with guard='gardo' the reference's copy, the gate the
+    # objectives' KL reads (`kl_gate`), and GARDO's advantages
+    guard, self.kl_gate, self.kl_all_due, per_sample = getattr(self, "guard", None), None, False, {}
+    if guard is not None:
+        guard.start_of_round(self.step_count)
+        gadv, self.kl_gate, m, per_sample = guard.round(c, self.step_count, s.images, s.prompts, s.targets, s.sources,
+                                                        s.columns, s.reward.total, self._gather_rows,
+                                                        self.accelerator.process_index * len(s.prompts))
+        metrics.update(m)
+        if gadv is not None: adv = dit_adv = gadv   # joint mode: one group for both halves
+        self.kl_all_due = bool(self.kl_gate is not None and c.kl_all_every and self.step_count % c.kl_all_every == 0)
     halves, prepared = self._halves(s, adv, dit_adv), {}
     sec, self.skip_reason = {"prepare": 0.0, "update_ar": 0.0, "update_dit": 0.0, "optimizer": 0.0}, None
     for half, obj, data, _ in halves:   # once per step, without gradients: old log-probs, references, points
-        with _timed(sec, "prepare"): prepared[half], m = obj.prepare(data)
+        with _timed(sec, "prepare"), (guard.reference_of(self.policy) if guard is not None else contextlib.nullcontext()):
+            prepared[half], m = obj.prepare(data)
         metrics.update({f"{half}/{k}": v for k, v in m.items()})
     snap = self._snapshot() if snapshot is None else snapshot
     n, total, steps_taken = len(s.prompts), {}, 0
@@ -154,6 +182,8 @@ def update(self: Updates, s, snapshot=None) -> UpdateResult:
                     self.optimizer_steps += 1
                     for half, obj, *_ in halves:
                         metrics.update({f"{half}/{k}": v for k, v in obj.after_update(self.optimizer_steps).items()})
+                    kls = [agg[f"{half}/kl"] for half, *_ in halves if f"{half}/kl" in agg]
+                    if guard is not None and kls: guard.after_update(self._mean_everywhere(max(kls)))   # GARDO's reset rule
             self.optimizer.zero_grad(set_to_none=True)
             if self.skip_reason is not None: break
         if self.skip_reason is not None:
@@ -164,4 +194,4 @@ def update(self: Updates, s, snapshot=None) -> UpdateResult:
         for half, obj, *_ in halves: metrics.update({f"{half}/{k}": v for k, v in obj.after_step(self.optimizer_steps).items()})
     metrics["skipped"] = float(self.skip_reason is not None)
     self.policy.release_sources()   # the i2i sources' keys and values of weights that have changed
-    return UpdateResult(metrics, adv, dit_adv, sec)
+    return UpdateResult(metrics, adv, dit_adv, sec, per_sample)
