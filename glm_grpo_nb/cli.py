@@ -52,6 +52,7 @@ def generate(
     guidance_scale: float = 1.5,  # classifier-free guidance of the DiT
     seed: int = 0,           # seed for the AR sampling and the initial noise
     device: str = None,      # torch device (default: CUDA if available)
+    base_tail_steps: int = 0,  # the DiT's last k steps with its adapters off: the base model finishes the fine detail
 ):
     "Generate images with the stock GlmImagePipeline, optionally with trained adapters."
     if not model: raise ValueError("generate: pass --model with a GLM-Image folder or hub id.")
@@ -60,6 +61,11 @@ def generate(
     w0, h0 = model_size(model)
     height, width = h0 if height is None else height, w0 if width is None else width
     check_image_size(height, width, "generate: --height/--width")
+    if not 0 <= base_tail_steps <= num_inference_steps:
+        raise ValueError(f"generate: --base-tail-steps must be in 0..{num_inference_steps} (--num-inference-steps), got {base_tail_steps}.")
+    if base_tail_steps and (adapters is None or not (Path(adapters) / "dit").is_dir()):
+        raise ValueError("generate: --base-tail-steps turns the DiT's adapters off for the last steps; pass --adapters with a "
+                         "dit/ adapter (a run that trained the DiT).")
     if adapters is not None and not any((Path(adapters) / half).is_dir() for half in ("ar", "dit")):
         raise ValueError(f"generate: --adapters {adapters} holds neither ar/ nor dit/; pass the adapters/ folder a "
                          "training run wrote (e.g. runs/demo/adapters).")
@@ -76,13 +82,23 @@ def generate(
     if adapters is not None: apply_adapters(pipe, adapters)
     pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
-    images = pipe([prompt], height=height, width=width, num_images_per_prompt=num_images, num_inference_steps=num_inference_steps,
-                  guidance_scale=guidance_scale, generator=torch.Generator(device).manual_seed(seed)).images
+    def base_tail(pipe_, i, t, kw):   # after step i: the last base_tail_steps run on the base DiT
+        if i == num_inference_steps - base_tail_steps - 1: pipe_.transformer.disable_adapters()
+        return {}
+    if base_tail_steps == num_inference_steps: pipe.transformer.disable_adapters()
+    try:
+        images = pipe([prompt], height=height, width=width, num_images_per_prompt=num_images,
+                      num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
+                      generator=torch.Generator(device).manual_seed(seed),
+                      callback_on_step_end=base_tail if base_tail_steps else None).images
+    finally:
+        if base_tail_steps: pipe.transformer.enable_adapters()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     paths = [out] if len(images) == 1 else [out.with_name(f"{out.stem}_{i}{out.suffix}") for i in range(len(images))]
     for im, p in zip(images, paths): im.save(p)
-    print("wrote " + ", ".join(map(str, paths)) + (f" (with the adapters in {adapters})" if adapters else ""))
+    print("wrote " + ", ".join(map(str, paths)) + (f" (with the adapters in {adapters}" + (
+        f", the last {base_tail_steps} DiT steps without them)" if base_tail_steps else ")") if adapters else ""))
     return 0
 
 # %% ../nbs/09_cli.ipynb #3aa3df8b
@@ -178,6 +194,8 @@ def plan(
     reward_model_params: int = 0,  # parameters of reward models of your own on the GPU, in the compute dtype
     reward: str = "",          # the run's rewards, as train's --reward (NAME[=WEIGHT],...): each built-in's model counted on this GPU
     reward_models: str = "",   # as train's --reward-models: e.g. unifiedreward.base_url=local counts the judge on this GPU
+    guard: str = "none",       # as train's --guard: gardo adds its gate rewards (aesthetic and imagereward unless --gate-rewards)
+    gate_rewards: list[str] = None,  # as train's --gate-rewards: auxiliary rewards scored on every training image, counted here
     source_images: int = 0,    # i2i: source images per prompt (0: t2i)
     ar_sample_batch: int = _TRAINED["ar_sample_batch"],  # samples the AR draws at once (default: all)
     dit_sample_batch: int = _TRAINED["dit_sample_batch"],  # samples the DiT denoises at once (default: all)
@@ -191,6 +209,8 @@ def plan(
     "Predict the peak GPU memory of GRPO (or of supervised fine-tuning) on the real GLM-Image, and what to change if it does not fit (exit 1)."
     check_image_size(height, width, "plan: --height/--width")
     reward_bytes = _reward_bytes(reward, reward_models)
+    gates = GRPOConfig.of(guard=guard, **({} if gate_rewards is None else {"gate_rewards": gate_rewards})).gate_rewards
+    reward_bytes.update({f"{n} (gate)": b for n, b in _reward_bytes(",".join(gates), reward_models).items()})
     from glm_grpo_nb.memory import GB, plan as make_plan
     p = make_plan(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step,
                   load_in_4bit=load_in_4bit, lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing,

@@ -267,6 +267,8 @@ class GRPOConfig(Settings):
                                                            "C, mask drops the tokens (or images) above it")
     # bookkeeping
     eval_every: int = setting(0, "evaluate every n steps during fit (0: never)")
+    eval_base_tail_steps: int = setting(0, "evaluations also finish the same images with the base DiT's last k steps "
+                                        "(eval/base_tail/*, side by side: a reward gamed in the fine detail drops there)")
     save_every: int = setting(0, "write a checkpoint every n steps during fit (0: never)")
     keep_checkpoints: int = setting(2, "checkpoints kept in output_dir/checkpoints")
     seed: int = setting(0, "everything random derives from (seed, step)")
@@ -354,7 +356,7 @@ class GRPOConfig(Settings):
                           ("keep_checkpoints", 1), ("seed", 0), ("max_consecutive_skips", 0), ("keep_results", 1),
                           ("nft_timesteps", 1), ("nft_decay_warmup", 0), ("sde_window_every", 1),
                           ("sde_window_stride", 1), ("awm_timesteps", 1), ("dgpo_timesteps", 1), ("log_images_every", 0),
-                          ("updates_per_batch", 1), ("reward_max_inflight", 1), ("reference_reset_every", 0), ("kl_all_every", 0), ("dgpo_trunc_steps", 0), ("dgpo_switch_ema_step", 0), ("dpo_timesteps", 1)):
+                          ("updates_per_batch", 1), ("reward_max_inflight", 1), ("reference_reset_every", 0), ("kl_all_every", 0), ("eval_base_tail_steps", 0), ("dgpo_trunc_steps", 0), ("dgpo_switch_ema_step", 0), ("dpo_timesteps", 1)):
             self._integer(name, low)
         self._check_trackers()
         for name, low, strict in (("temperature", 0, True), ("noise_level", 0, False), ("guidance_scale", 0, False),

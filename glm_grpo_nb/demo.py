@@ -71,6 +71,7 @@ def demo(
     seed: int = 0,            # everything random derives from it
     eval_reward: str = None,  # a held-out reward the evaluations also score (NAME[=W],... or module:object), e.g. ocr
     dit_objective: str = "flow_grpo",  # the DiT's objective: one of glm-grpo train's --dit-objective
+    base_tail_steps: int = 0,  # the last evaluation also with the base DiT's last k steps, side by side
 ):
     "Train the tiny GLM-Image towards red images with joint AR + DiT GRPO on CPU; write adapters, metrics and report.png."
     from glm_grpo_nb.policy import GlmImagePolicy
@@ -96,6 +97,10 @@ def demo(
         if "eval/heldout" in t.history[-1]: heldout[t.step_count] = t.history[-1]["eval/heldout"]
     trainer.fit(steps, log_every=5, callback=log_evals)
     after = trainer.sample(shown, seed=seed + 1)
+    if base_tail_steps:   # the trained AR and DiT, the base DiT's last steps: what of the gain lives in the fine detail
+        ev = trainer.evaluate(base_tail_steps=base_tail_steps)
+        print(f"on fixed prompts and seeds after training: reward {ev['eval/reward']:+.3f}, with the base DiT's last "
+              f"{base_tail_steps} of 6 steps {ev['eval/base_tail/reward']:+.3f}")
     trainer.save_adapters(out / "adapters")   # with its model card
     trainer.close()
     _report(trainer.history, before, after, evals, out / "report.png", heldout)

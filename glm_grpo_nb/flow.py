@@ -7,6 +7,7 @@ turns latents into images."""
 # %% ../nbs/01b_flow.ipynb #f10b0c03
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -336,6 +337,8 @@ def sample_latents(
     cps_logprob: str = "density",  # step log-prob: Gaussian "density", or "squared" (Flow-GRPO's CPS form; cps only)
     ode_solver: str = "euler",   # the ODE steps after the window: "euler" (the pipeline's) or "flash" (MixGRPO-Flash)
     flash_compress: float = 0.4, # flash: the steps after the window, times this (MixGRPO's dpm_post_compress_ratio)
+    base_tail_steps: int = 0,    # the last k steps with the DiT's adapters off (inference: a gamed reward lives in the
+                                 # fine detail the last steps add, MixGRPO)
 ) -> LatentTrajectory:
     "Denoise the rollout's prior tokens with SDE steps in a window; record every latent and step log-prob."
     if not isinstance(num_steps, int) or num_steps < 1: raise ValueError(f"sample_latents: num_steps must be an int >= 1, got {num_steps!r}.")
@@ -357,6 +360,11 @@ def sample_latents(
     flash_after = max(window) if ode_solver == "flash" and window else None   # Flash: DPM-Solver++ after the window
     timesteps, sigmas = self._schedule(num_steps, H, W, flash_after, flash_compress)
     S, dtype = len(timesteps), self.dit_dtype
+    if not isinstance(base_tail_steps, int) or not 0 <= base_tail_steps <= S:
+        raise ValueError(f"sample_latents: base_tail_steps must be an int in 0..{S} (the denoising steps), got {base_tail_steps!r}.")
+    if base_tail_steps and window and max(window) >= S - base_tail_steps:
+        raise ValueError(f"sample_latents: base_tail_steps={base_tail_steps} takes stochastic step {max(window)} off the "
+                         "adapters, whose log-prob training recomputes with them; the base tail is for inference (noise_level=0).")
     gens = generators(sample_seeds(seed, N, "sample_latents: seed"))   # CPU: the same noise on every device
     shape = (N, self.transformer.config.in_channels, H // vsf, W // vsf)
     if initial_noise is not None:
@@ -376,9 +384,10 @@ def sample_latents(
         path, logprobs, stds, x0_prev = [to_host(x)], torch.zeros(N, S), torch.zeros(S), None
         for i in range(S):
             v = torch.empty_like(x)
-            for P, rows in groups.items():
-                v[rows] = self._velocity(x[rows], timesteps[i], prior[rows], embeds[rows, -P:],
-                                         None if neg is None else neg[rows], guidance_scale, caches[P], H, W)
+            with self.dit_adapters_off() if i >= S - base_tail_steps else contextlib.nullcontext():
+                for P, rows in groups.items():
+                    v[rows] = self._velocity(x[rows], timesteps[i], prior[rows], embeds[rows, -P:],
+                                             None if neg is None else neg[rows], guidance_scale, caches[P], H, W)
             s, s_next = sigmas[i].item(), sigmas[i + 1].item()
             x0 = x - s * v   # the clean prediction, the multistep solver's history
             if i in window:

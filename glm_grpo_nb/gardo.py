@@ -185,20 +185,25 @@ def rank_correlation(proxy, aux: list) -> float:
 
 # %% ../nbs/02i_gardo.ipynb #5391c9df
 class HackWatch:
-    "Says once when a content measure moves by `fraction` of its first value, or the proxy disagrees with the auxiliaries `streak` steps running."
-    def __init__(self, fraction: float = 0.5, streak: int = 5):
-        self.fraction, self.streak = fraction, streak
-        self.first, self.negative, self.warned = {}, 0, False
+    "Says once when a content measure's recent mean moves by `fraction` of its first steps' mean, or the proxy disagrees with the auxiliaries `streak` steps running."
+    def __init__(self, fraction: float = 0.5, streak: int = 5, window: int = 5):
+        self.fraction, self.streak, self.window = fraction, streak, window
+        self.first, self.recent, self.negative, self.warned = {}, {}, 0, False
 
     def update(self, step: int, metrics: dict) -> str | None:
         "Take a step's metrics; the warning's text the first time a sign shows, else None."
-        sign = None
+        sign, w = None, self.window
         for k in CONTENT:
             v = metrics.get(f"content/{k}")
             if v is None or not math.isfinite(v): continue
-            first = self.first.setdefault(k, v)
-            if sign is None and self.fraction and abs(v - first) >= self.fraction * max(abs(first), 0.05):
-                sign = f"content/{k} moved from {first:.4f} at the first step to {v:.4f}"
+            first, recent = self.first.setdefault(k, []), self.recent.setdefault(k, [])
+            if len(first) < w: first.append(v)
+            else: recent.append(v)
+            del recent[:-w]
+            if sign is None and self.fraction and len(recent) == w:
+                a, b = sum(first) / w, sum(recent) / w
+                if abs(b - a) >= self.fraction * max(abs(a), 0.05):
+                    sign = f"content/{k} moved from {a:.4f} (mean of the first {w} steps) to {b:.4f} (of the last {w})"
         corr = metrics.get("hack/rank_corr")
         if corr is not None and math.isfinite(corr):
             self.negative = self.negative + 1 if corr < 0 else 0
@@ -211,8 +216,12 @@ class HackWatch:
                 "with a held-out reward (eval_reward=), and try guard='gardo' (--guard gardo: a KL on the samples the gate "
                 "rewards doubt, a reference that follows the policy), a uniform kl_coef > 0, or base_tail_steps at inference.")
 
-    def state_dict(self) -> dict: return {"first": dict(self.first), "negative": self.negative, "warned": self.warned}
-    def load_state_dict(self, d: dict): self.first, self.negative, self.warned = dict(d["first"]), int(d["negative"]), bool(d["warned"])
+    def state_dict(self) -> dict:
+        return {"first": {k: list(v) for k, v in self.first.items()}, "recent": {k: list(v) for k, v in self.recent.items()},
+                "negative": self.negative, "warned": self.warned}
+    def load_state_dict(self, d: dict):
+        self.first, self.recent = {k: list(v) for k, v in d["first"].items()}, {k: list(v) for k, v in d.get("recent", {}).items()}
+        self.negative, self.warned = int(d["negative"]), bool(d["warned"])
 
 # %% ../nbs/02i_gardo.ipynb #696a5561
 FEATURES = ("pixels",)
@@ -231,7 +240,7 @@ class Guard:
         self.gate_rewards = dict(gate_rewards or {})
         self.fraction = GateFraction(base=c.gate_fraction) if c.gate_fraction_adapt else None
         self.reset = ReferenceReset(c.reference_reset_kl, c.reference_reset_every)
-        self.watch = HackWatch(c.hack_warning)
+        self.watch = HackWatch(c.hack_warning, streak=5 if c.hack_warning else 0)   # hack_warning=0: no warning at all
         # GARDO's reference: a copy of the trained adapters (at first the ones the run starts from), not the base
         self.reference = AdapterWeights(named_params) if self.kl_on and named_params else None
 

@@ -306,6 +306,17 @@ class AdapterWeights:
 
 @patch
 @contextlib.contextmanager
+def dit_adapters_off(self: GlmImagePolicy):
+    "Context in which the DiT runs without its adapters (the AR keeps its own): e.g. the base model's last denoising steps."
+    if not self.has_dit_lora:
+        yield self
+        return
+    self.transformer.disable_adapters()
+    try: yield self
+    finally: self.transformer.enable_adapters()
+
+@patch
+@contextlib.contextmanager
 def reference(self: GlmImagePolicy):
     "Context in which the policy is its reference: the adapters it started from (`start_from`), else the base (adapters off)."
     if self.reference_policy == "start" and self.start_weights is not None:

@@ -261,14 +261,19 @@ def _stopped(self: RunLoop, signum: int, summary: FitSummary, notebook: bool):
     raise TrainingStopped(signum, self.step_count, saved)
 
 @patch
-def evaluate(self: RunLoop, prompts=None, seed: int = 12345, eval_reward=None) -> dict[str, float]:
+def evaluate(self: RunLoop, prompts=None, seed: int = 12345, eval_reward=None, base_tail_steps: int | None = None) -> dict[str, float]:
     "Mean reward per component on `prompts` (default: eval_prompts), fixed seeds, ODE sampling, one image per prompt."
     # keys as the history stores them: eval/reward, eval/<component>; eval_reward (default: the trainer's), a held-out
-    # reward also scored, as eval/heldout and eval/heldout/<component>
+    # reward also scored, as eval/heldout and eval/heldout/<component>; base_tail_steps=k (default: the settings'
+    # eval_base_tail_steps): the same tokens and noise again with the DiT's last k steps the base model's, beside
+    # each figure as eval/base_tail/... (a gain the base model's fine detail keeps is not in the detail)
     # every prompt has seeds of its own, so batches and processes change nothing: the prompts are shared out across
     # processes, sampled ar_sample_batch / dit_sample_batch at a time with the out-of-memory retry, and the sums gathered
     data = _as_dataset(prompts) if prompts is not None else self.eval_dataset
     if data is None: raise ValueError("evaluate: no prompts; pass eval_prompts= to the trainer or prompts= here.")
+    tail = getattr(self.config, "eval_base_tail_steps", 0) if base_tail_steps is None else base_tail_steps
+    if not isinstance(tail, int) or isinstance(tail, bool) or tail < 0:
+        raise ValueError(f"evaluate: base_tail_steps must be an int >= 0 (the DiT's last steps without adapters), got {tail!r}.")
     acc, pol, pad = self.accelerator, self.policy, self.policy.processor.tokenizer.pad_token_id
     mine = list(range(acc.process_index, len(data), acc.num_processes))   # this process's share of the prompts
     share = 1.0 if mine else 0.0   # fewer prompts than processes: the others score prompt 0 and count nothing
@@ -280,26 +285,33 @@ def evaluate(self: RunLoop, prompts=None, seed: int = 12345, eval_reward=None) -
                                                   top_k=c.top_k, top_p=c.top_p, seed=[mix_seed(seed, 0, mine[r]) for r in rows],
                                                   images=None if sources is None else [sources[r] for r in rows])
                                 for rows in _chunks(len(mine), c.ar_sample_batch)], pad)
-    def latents(roll):
+    def latents(roll, base_tail_steps=0):
         c, parts = self.config, []
         for rows in _chunks(len(mine), c.dit_sample_batch):
             parts.append(pol.sample_latents(roll.select(rows), num_steps=c.num_inference_steps, noise_level=0.0,
-                                            guidance_scale=c.guidance_scale, seed=[mix_seed(seed, 1, mine[r]) for r in rows]))
+                                            guidance_scale=c.guidance_scale, seed=[mix_seed(seed, 1, mine[r]) for r in rows],
+                                            base_tail_steps=base_tail_steps))
             pol.release_sources()   # i2i: this batch's sources are not read again
         return concat_trajectories(parts, pad)
     with torch.no_grad():
         roll = self._retry_oom("sample_ar", len(mine), tokens)
         traj = self._retry_oom("sample_dit", len(mine), lambda: latents(roll))
         images = self._retry_oom("decode", len(mine), lambda: pol.decode(traj, self.config.decode_batch))
+        made = {"eval/": images}
+        if tail:   # the same tokens and noise, the last `tail` steps the base DiT's
+            traj = self._retry_oom("sample_dit", len(mine), lambda: latents(roll, tail))
+            made["eval/base_tail/"] = self._retry_oom("decode", len(mine), lambda: pol.decode(traj, self.config.decode_batch))
     del roll, traj
     if pol.row_bucket is None: pol.clear_sampling_caches()   # the evaluation's KV caches go: training's batch sizes need
     # their own (with a row bucket evaluation decoded in training's cache, buffers and graphs: they stay)
     sums = {}   # the sums of this process's scores, per key as the history stores them
-    for prefix, reward in (("eval/reward", self.reward_fn), ("eval/heldout", self.eval_reward if eval_reward is None else eval_reward)):
-        if reward is None: continue
-        out = evaluate_reward(reward, images, ps, targets, sources, normalize=False, columns=columns)
-        sums[prefix] = share * out.total.double().sum().item()
-        sums.update({f"{prefix.replace('/reward', '')}/{k}": share * v.double().sum().item() for k, v in out.components.items()})
+    for head, imgs in made.items():
+        for name, reward in (("reward", self.reward_fn), ("heldout", self.eval_reward if eval_reward is None else eval_reward)):
+            if reward is None: continue
+            prefix = head + name
+            out = evaluate_reward(reward, imgs, ps, targets, sources, normalize=False, columns=columns)
+            sums[prefix] = share * out.total.double().sum().item()
+            sums.update({f"{prefix.replace('/reward', '')}/{k}": share * v.double().sum().item() for k, v in out.components.items()})
     if acc.num_processes > 1:   # the same keys on every process: the same rewards scored the same way
         total = acc.reduce(pol.on_device(torch.tensor(list(sums.values()), dtype=torch.float64)), reduction="sum")
         sums = dict(zip(sums, to_host(total).tolist()))
@@ -319,6 +331,9 @@ def evaluation_line(ev: dict, after_steps: int) -> str:
     "An evaluation as one printed line: the reward on the eval prompts, its parts, the held-out reward."
     parts = ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in ev.items() if k.count("/") == 1 and k not in ("eval/reward", "eval/heldout"))
     held = f"; held-out reward {ev['eval/heldout']:.4f}" if "eval/heldout" in ev else ""
+    if "eval/base_tail/reward" in ev:   # the same images finished by the base model's last steps
+        held += f"; with the base model's last steps: reward {ev['eval/base_tail/reward']:.4f}" + (
+            f", held-out {ev['eval/base_tail/heldout']:.4f}" if "eval/base_tail/heldout" in ev else "")
     when = f"after {after_steps} step{'s' * (after_steps != 1)}" if after_steps else "before training"
     if "eval/reward" not in ev: return f"evaluation {when}: {parts}"   # e.g. DPO's margins on held-out pairs
     return f"evaluation {when}: reward {ev['eval/reward']:.4f}" + (f" ({parts})" if parts else "") + held

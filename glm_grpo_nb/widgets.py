@@ -44,13 +44,21 @@ def advantage_bar(advantage: float, scale: float = 2.0, width: int = 120) -> str
             f'<div style="position:absolute;left:{half}px;width:1px;height:8px;background:#666"></div>'
             f'<div style="position:absolute;left:{left:.1f}px;width:{max(length, 1 if frac == 0 else length):.1f}px;height:8px;background:{color}"></div></div>')
 
-def _label(reward, components, advantage):
+def _guard_text(guard: dict, sep: str = "<br>") -> str:
+    "GARDO's per-sample values: the rank uncertainty u, whether the gate took the sample (its KL), its novelty weight."
+    parts = []
+    if "uncertainty" in guard: parts.append(f"u {guard['uncertainty']:+.1f}" + (" gated" if guard.get("gated") else ""))
+    if "diversity_weight" in guard: parts.append(f"novelty weight {guard['diversity_weight']:.2f}")
+    return "".join(sep + p for p in parts)
+
+def _label(reward, components, advantage, guard: dict | None = None):
     comps = "".join(f"<br>{html.escape(k)} {v:.4g}" for k, v in components.items()) if len(components) > 1 else ""
     return widgets.HTML(f'<div style="font-family:monospace;font-size:11px">reward {reward:.4g}<br>'
-                        f'advantage {advantage:+.3f}{comps}</div>{advantage_bar(advantage)}')
+                        f'advantage {advantage:+.3f}{comps}{_guard_text(guard or {})}</div>{advantage_bar(advantage)}')
 
 # %% ../nbs/04h_widgets.ipynb #f41e0065
-def _group_rows(prompts, images, rewards, components, advantages, group_size, sources, targets, sort, size, title):
+def _group_rows(prompts, images, rewards, components, advantages, group_size, sources, targets, sort, size, title,
+                per_sample: dict | None = None):
     rows = [widgets.HTML(f"<b>{html.escape(title)}</b>")] if title else []
     for g in range(len(images) // group_size):
         idx = list(range(g * group_size, (g + 1) * group_size))
@@ -62,7 +70,8 @@ def _group_rows(prompts, images, rewards, components, advantages, group_size, so
             cells.append(widgets.VBox([_image(targets[idx[0]], size), widgets.HTML("<i>target</i>")]))
         for i in idx:
             comps = {k: float(v[i]) for k, v in components.items()}
-            cells.append(widgets.VBox([_image(images[i], size), _label(float(rewards[i]), comps, float(advantages[i]))],
+            guard = {k: float(v[i]) for k, v in (per_sample or {}).items()}
+            cells.append(widgets.VBox([_image(images[i], size), _label(float(rewards[i]), comps, float(advantages[i]), guard)],
                                       layout=widgets.Layout(margin="0 6px 0 0")))
         rows.append(widgets.HTML(f"<div style='margin-top:6px'>{html.escape(prompts[g * group_size])}</div>"))
         rows.append(widgets.HBox(cells))
@@ -76,7 +85,7 @@ def show_group(res, sort: bool = False, size: int = 128) -> widgets.VBox:
                         f"zero-std groups {res.metrics.get('zero_std_fraction', 0):.0%}")
     title = "AR group (shared noise, ODE decoding)" if res.dit_images is not None else ""
     rows = _group_rows(res.prompts, res.images, res.rewards, res.reward_components, res.advantages, res.group_size,
-                       res.sources, res.targets, sort, size, title)
+                       res.sources, res.targets, sort, size, title, getattr(res, "per_sample", None))
     if res.dit_images is not None:
         rows += _group_rows(res.prompts, res.dit_images, res.dit_rewards, {}, res.dit_advantages, res.group_size,
                             res.sources, res.targets, sort, size, "DiT group (one token sequence, SDE noise)")
@@ -94,7 +103,9 @@ def plot_group(res, sort: bool = False, size: float = 1.3, max_groups: int | Non
         for col, i in enumerate(idx):
             ax, a = axes[g][col], float(res.advantages[i])
             ax.imshow(res.images[i]); ax.set_xticks([]); ax.set_yticks([])
-            ax.set_title(f"r {float(res.rewards[i]):.3f}\nA {a:+.2f}", fontsize=7, color=advantage_colour(a))
+            guard = {k: float(v[i]) for k, v in (getattr(res, "per_sample", None) or {}).items()}
+            ax.set_title(f"r {float(res.rewards[i]):.3f}\nA {a:+.2f}" + _guard_text(guard, "\n").replace("novelty weight", "w"),
+                         fontsize=7, color=advantage_colour(a))
         axes[g][0].set_ylabel(res.prompts[g * G][:24], fontsize=7)
     fig.suptitle(title or f"step {res.step}: reward mean {float(res.rewards.mean()):.3f}", fontsize=8)
     fig.tight_layout()

@@ -54,8 +54,10 @@ def test_bad_input_is_a_clear_error(glm_grpo, tiny_path, tmp_path):
 def test_demo_reward_rises(glm_grpo, tmp_path):
     import json
     import re
-    r = run(glm_grpo, "demo", "--out", str(tmp_path / "demo"), "--eval-reward", "ocr")   # OCR: a held-out reward
+    r = run(glm_grpo, "demo", "--out", str(tmp_path / "demo"), "--eval-reward", "ocr",   # OCR: a held-out reward
+            "--base-tail-steps", "2")
     assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"reward [-+.\d]+, with the base DiT's last 2 of 6 steps [-+.\d]+", r.stdout), r.stdout
     out = tmp_path / "demo"
     assert (out / "adapters" / "ar").is_dir() and (out / "adapters" / "dit").is_dir()
     card = (out / "adapters" / "README.md").read_text()   # a model card, filled in from the run
@@ -79,6 +81,14 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
             "a blue square on a white background", "--num-inference-steps", "4", "--out", str(tmp_path / "tuned.png"))
     assert g.returncode == 0 and not g.stderr.strip(), g.stderr
     assert Image.open(tmp_path / "tuned.png").size == (64, 64)   # the tiny model's own size
+    t = run(glm_grpo, "generate", "--model", str(out / "model"), "--adapters", str(out / "adapters"), "--prompt",
+            "a blue square on a white background", "--num-inference-steps", "4", "--out", str(tmp_path / "tail.png"),
+            "--base-tail-steps", "2")   # the base DiT finishes the last two steps
+    assert t.returncode == 0 and "the last 2 DiT steps without them" in t.stdout, t.stderr
+    tuned, tail = (np.asarray(Image.open(tmp_path / f), dtype=np.float32) for f in ("tuned.png", "tail.png"))
+    assert 0 < np.abs(tuned - tail).mean() < 64, np.abs(tuned - tail).mean()   # the same layout, other detail
+    bad = run(glm_grpo, "generate", "--model", str(out / "model"), "--prompt", "x", "--base-tail-steps", "2")
+    assert bad.returncode != 0 and "pass --adapters with a dit/ adapter" in bad.stderr and "Traceback" not in bad.stderr
     # before and after, on the same prompts and seeds, as papers report it; run again, it resumes and makes nothing
     (tmp_path / "eval_prompts.txt").write_text("a sign that says 'OK'\na blue square on a white background\n")
     ev = [glm_grpo, "evaluate", "--model", str(out / "model"), "--adapters", f"demo={out / 'adapters'}", "--prompts",

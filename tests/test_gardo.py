@@ -111,3 +111,21 @@ def test_bad_settings_are_one_line_before_any_model(glm_grpo, tiny_path, tmp_pat
                        capture_output=True, text=True, env=clean_env(), timeout=120)
     assert r.returncode != 0 and says in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
+
+
+def test_readme_reward_hacking_commands_parse():
+    "The README's reward-hacking commands are ones their commands' parsers take, with the settings they name."
+    import re
+    import shlex
+    from conftest import ROOT
+    from glm_grpo_nb.cli import parser_of
+    from glm_grpo_nb.options import _option_style
+    readme = (ROOT / "README.md").read_text()
+    part = readme[readme.index("## Reward hacking"):readme.index("## Memory for 1024")]
+    lines = [l for block in re.findall(r"```bash\n(.*?)```", part, re.S) for l in block.replace("\\\n", " ").splitlines() if l.strip()]
+    assert len(lines) == 2
+    for line in lines:
+        words = shlex.split(line.split("#")[0])
+        parser = parser_of(words[1])
+        args = vars(parser.parse_args(_option_style(parser, words[2:])))
+        assert args.get("guard") == "gardo", line
