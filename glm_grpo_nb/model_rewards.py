@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .hub import default_device
+from .hub import default_device, local_path_meant
 from .rewards import Reward
 
 # %% auto #0
-__all__ = ['CLIPScoreReward', 'PickScoreReward', 'AestheticReward', 'PerceptualReward']
+__all__ = ['AESTHETIC_HEAD', 'AESTHETIC_HEAD_FILE', 'CLIPScoreReward', 'PickScoreReward', 'AestheticReward', 'PerceptualReward']
 
 # %% ../nbs/02c_model_rewards.ipynb #d16b42be
 def _features(out):
@@ -74,6 +74,17 @@ class PickScoreReward(CLIPScoreReward):
         super().__init__(model, processor, device, dtype, batch_size, logit_scale=True)
 
 # %% ../nbs/02c_model_rewards.ipynb #470f4633
+def _weights_file(checkpoint: str, filename: str) -> Path:
+    "`checkpoint` if it is a file, `filename` in it if a folder, `filename` of the Hub repository it names; a local path that is not there, as it is."
+    path = Path(checkpoint).expanduser()
+    if path.is_dir(): return path / filename
+    if path.is_file() or local_path_meant(checkpoint): return path   # the caller says what is missing
+    from huggingface_hub import hf_hub_download
+    return Path(hf_hub_download(checkpoint, filename))
+
+# the head TRL's DDPO scores with, on the Hub: LAION's linear predictor (Sequential layers 0, 2, 4, 6, 7) for CLIP ViT-L/14
+AESTHETIC_HEAD, AESTHETIC_HEAD_FILE = "trl-lib/ddpo-aesthetic-predictor", "aesthetic-model.pth"
+
 def _load_head(path):
     path = Path(path)
     if not path.exists(): raise ValueError(f"aesthetic: head file {path} not found; pass head= a .safetensors or .pth file.")
@@ -109,11 +120,12 @@ def _load_head(path):
 
 class AestheticReward(CLIPScoreReward):
     "LAION-style aesthetic score: a linear or ReLU MLP head on the normalised CLIP image embedding."
-    name = "aesthetic"
-    def __init__(self, head: str | Path, model: str = "openai/clip-vit-large-patch14", processor: str | None = None,
+    name, model_options = "aesthetic", ("model", "processor", "head")
+    def __init__(self, head: str | Path = AESTHETIC_HEAD,   # a .pth/.safetensors file, a folder or a Hub id holding aesthetic-model.pth
+                 model: str = "openai/clip-vit-large-patch14", processor: str | None = None,
                  device=None, dtype=None, batch_size: int = 32):
         super().__init__(model, processor, device, dtype, batch_size)
-        self.layers = _load_head(head)
+        self.layers = _load_head(_weights_file(head, AESTHETIC_HEAD_FILE))
         dim = self.image_embeds([Image.new("RGB", (32, 32))]).shape[-1]
         if self.layers[0][0].shape[1] != dim:
             raise ValueError(f"aesthetic: the head expects {self.layers[0][0].shape[1]}-d embeddings but {model} gives {dim}-d; "

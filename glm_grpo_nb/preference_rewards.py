@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .hub import default_device, local_path_meant
-from .model_rewards import _ModelReward
+from .hub import default_device
+from .model_rewards import _ModelReward, _weights_file
 from .rewards import Reward
 
 # %% auto #0
@@ -118,14 +118,6 @@ def _torch_file(path: Path, name: str, what: str):
     try: return torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
         raise ValueError(f"{name}: {path} cannot be read ({type(e).__name__}: {str(e)[:200]}); pass {what}.") from None
-
-def _weights_file(checkpoint: str, filename: str) -> Path:
-    "`checkpoint` if it is a file, `filename` in it if a folder, `filename` of the Hub repository it names; a local path that is not there, as it is."
-    path = Path(checkpoint).expanduser()
-    if path.is_dir(): return path / filename
-    if path.is_file() or local_path_meant(checkpoint): return path   # the caller says what is missing
-    from huggingface_hub import hf_hub_download
-    return Path(hf_hub_download(checkpoint, filename))
 
 def _hps_checkpoint(checkpoint: str, version: str) -> dict:
     "The state dict in an HPSv2 checkpoint: a local .pt file, or `HPS_FILES[version]` of a folder or Hub repository."
