@@ -196,6 +196,7 @@ def plan(
     reward_models: str = "",   # as train's --reward-models: e.g. unifiedreward.base_url=local counts the judge on this GPU
     guard: str = "none",       # as train's --guard: gardo adds its gate rewards (aesthetic and imagereward unless --gate-rewards)
     gate_rewards: list[str] = None,  # as train's --gate-rewards: auxiliary rewards scored on every training image, counted here
+    diversity_features: str = "pixels",  # as train's --diversity-features: dinov3 counts DINOv3 ViT-L (with --guard gardo)
     source_images: int = 0,    # i2i: source images per prompt (0: t2i)
     ar_sample_batch: int = _TRAINED["ar_sample_batch"],  # samples the AR draws at once (default: all)
     dit_sample_batch: int = _TRAINED["dit_sample_batch"],  # samples the DiT denoises at once (default: all)
@@ -211,6 +212,9 @@ def plan(
     reward_bytes = _reward_bytes(reward, reward_models)
     gates = GRPOConfig.of(guard=guard, **({} if gate_rewards is None else {"gate_rewards": gate_rewards})).gate_rewards
     reward_bytes.update({f"{n} (gate)": b for n, b in _reward_bytes(",".join(gates), reward_models).items()})
+    if guard == "gardo" and diversity_features == "dinov3":   # the novelty's features
+        from glm_grpo_nb.gardo import DINOV3_BYTES
+        reward_bytes["dinov3 (novelty features)"] = DINOV3_BYTES
     from glm_grpo_nb.memory import GB, plan as make_plan
     p = make_plan(height=height, width=width, group_size=group_size, prompts_per_step=prompts_per_step,
                   load_in_4bit=load_in_4bit, lora_rank=lora_rank, train=train, gradient_checkpointing=gradient_checkpointing,

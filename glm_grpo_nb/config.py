@@ -56,7 +56,7 @@ DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo")   # dpo.LOSS_TYPES (TRL's names)
 ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")   # loss.rollout_weights' modes
 GUARDS = ("none", "gardo")   # against reward hacking: gardo.Guard
 GATE_SIGNS, GATE_TIES = ("upstream", "proxy_over"), ("first", "average")   # gardo.SIGNS, gardo.TIES
-DIVERSITY_FEATURES = ("pixels",)   # gardo.FEATURES
+DIVERSITY_FEATURES = ("pixels", "dinov3", "custom")   # gardo.FEATURES
 GARDO_GATE_REWARDS = ["aesthetic", "imagereward"]   # the authors' auxiliary rewards
 
 def choices(f: dataclasses.Field) -> tuple | None:
@@ -308,8 +308,11 @@ class GRPOConfig(Settings):
     diversity_bonus: bool | None = setting(None, "GARDO's advantages: (r - group mean) times the image's novelty over the "
                                            "group's mean novelty at or above the group's mean reward (default: on with "
                                            "guard=gardo)")
-    diversity_features: str = setting("pixels", "the images' features for the novelty: pixels (32x32 RGB, free)",
-                                      DIVERSITY_FEATURES)
+    diversity_features: str = setting("pixels", "the images' features for the novelty: pixels (32x32 RGB, free), dinov3 (the "
+                                      "authors': DINOv3 ViT-L's patch-token mean at 256x256, 1.2 GB) or, in Python, "
+                                      "custom (GRPOTrainer(diversity_features=fn), fn(images) -> [N, D])", DIVERSITY_FEATURES)
+    diversity_model: str | None = setting(None, "diversity_features=dinov3: its checkpoint, a folder or Hub id (default "
+                                          "facebook/dinov3-vitl16-pretrain-lvd1689m)")
     kl_all_every: int = setting(10, "with a gated KL, every n steps the KL over all samples too (kl_all: the drift no one "
                                 "penalises; 0: never)")
 

@@ -49,16 +49,18 @@ class ForwardProcessObjective(Objective):
 
     def num_parts(self, prepared): return prepared["points"].num_timesteps
 
-    def velocity_kl(self, v, points, part, loss, m, gate=None):
+    def velocity_kl(self, v, points, part, loss, m, prepared=None):
         "`loss` + kl_coef * |v - v_ref|^2 at the `part`-th noise level, when reference velocities were prepared; with"
-        " GARDO's `gate`, over the gated samples, or every sample when none is (the authors' NFT script)."
+        " GARDO's gate, over the gated samples, or every sample where an optimiser step gates none (the authors' NFT script)."
         if points.ref_velocity is not None:
             d = (v - self.policy.on_device(points.ref_velocity[:, part])) ** 2
-            if gate is None: kl = d.mean()
-            else:
-                per, gate = d.flatten(1).mean(1), self.policy.on_device(gate)
-                kl, m["kl_all"] = (per[gate] if gate.any() else per).mean(), per.mean().item()
-            loss, m["kl"] = loss + self.config.kl_coef * kl, kl.item()
+            if prepared is None or "kl_gate" not in prepared:
+                kl = d.mean()
+                loss, m["kl"] = loss + self.config.kl_coef * kl, kl.item()
+            else:   # the reference covers every sample: a step that gates none weighs them all alike
+                none = prepared["kl_none"]
+                w = torch.where(none, torch.ones_like(prepared["kl_weight"]), prepared["kl_weight"])
+                loss, m = self.gated_kl(d.flatten(1).mean(1), {**prepared, "kl_weight": w, "kl_all": torch.ones_like(none)}, loss, m)
         return loss, m
 
     def snapshot(self): return None if self.adapter_copy is None else [w.clone() for w in self.adapter_copy.weights]
@@ -118,7 +120,7 @@ class DiffusionNFT(ForwardProcessObjective):
         loss = nft_loss(v, v_old, target, dev(traj.sigmas[idx]), dev(nft_optimality(advantages, c.nft_adv_clip)),
                         beta=c.nft_beta, adv_clip=c.nft_adv_clip).mean()
         m = {"policy_loss": loss.item(), "old_deviate": ((v.detach() - v_old) ** 2).mean().item()}
-        return self.velocity_kl(v, points, part, loss, m, prepared.get("kl_gate"))
+        return self.velocity_kl(v, points, part, loss, m, prepared)
 
     def after_step(self, optimizer_steps):   # once per sampled batch, its decay from the optimiser steps (the authors')
         c = self.config
@@ -218,7 +220,7 @@ class AWM(MatchingObjective):
         if "ema_velocity" in prepared:
             drift = ((v - dev(prepared["ema_velocity"][:, part])) ** 2).mean()
             loss, m["ema_deviate"] = loss + c.awm_ema_coef * drift, drift.item()
-        return self.velocity_kl(v, pts, part, loss, m, prepared.get("kl_gate"))
+        return self.velocity_kl(v, pts, part, loss, m, prepared)
 
 class DGPO(MatchingObjective):
     "Direct Group Preference Optimization: each sample's matching error weighted by its advantage and its group's score."
@@ -275,6 +277,6 @@ class DGPO(MatchingObjective):
                                 dev(clipped_advantages(advantages, c.matching_adv_clip)), weight, c.dit_clip_range)
         m = {"group_weight": weight.mean().item(), "group_weight_min": weight.min().item(), "group_weight_max": weight.max().item(),
              "frozen_fraction": frozen.double().mean().item(), "matching_error": error.mean().item()}
-        return self.velocity_kl(v, pts, part, per.mean().float(), m, prepared.get("kl_gate"))
+        return self.velocity_kl(v, pts, part, per.mean().float(), m, prepared)
 
     def after_update(self, optimizer_steps): return self.follow(optimizer_steps)   # after every optimiser step, as the authors

@@ -15,9 +15,10 @@ from .policy import AdapterWeights
 from .rewards import evaluate_reward
 
 # %% auto #0
-__all__ = ['SIGNS', 'TIES', 'CONTENT', 'FEATURES', 'ranks', 'rank_uncertainty', 'GateFraction', 'uncertainty_gate',
-           'gardo_advantages', 'gated_step_kl', 'ReferenceReset', 'content_measures', 'rank_correlation', 'HackWatch',
-           'pixel_features', 'Guard']
+__all__ = ['SIGNS', 'TIES', 'CONTENT', 'FEATURES', 'DINOV3', 'DINOV3_BYTES', 'IMAGENET_MEAN', 'IMAGENET_STD', 'ranks',
+           'rank_uncertainty', 'GateFraction', 'uncertainty_gate', 'gardo_advantages', 'gated_step_kl',
+           'ReferenceReset', 'content_measures', 'rank_correlation', 'HackWatch', 'pixel_features', 'Guard',
+           'dinov3_pixels', 'DINOv3Features']
 
 # %% ../nbs/02i_gardo.ipynb #04616263
 SIGNS, TIES = ("upstream", "proxy_over"), ("first", "average")
@@ -224,7 +225,7 @@ class HackWatch:
         self.negative, self.warned = int(d["negative"]), bool(d["warned"])
 
 # %% ../nbs/02i_gardo.ipynb #696a5561
-FEATURES = ("pixels",)
+FEATURES = ("pixels", "dinov3", "custom")   # custom: a callable images -> [N, D] given to the trainer
 
 def pixel_features(images: list[Image.Image], size: int = 32) -> torch.Tensor:
     "[N, 3 size^2] each image at size x size RGB (bilinear) in [-0.5, 0.5]: the novelty's free features."
@@ -234,7 +235,7 @@ def pixel_features(images: list[Image.Image], size: int = 32) -> torch.Tensor:
 # %% ../nbs/02i_gardo.ipynb #fcd37387
 class Guard:
     "A run's watch over its reward, and GARDO when its settings ask; the trainer calls `round` once a step, `after_update` after each optimiser step."
-    def __init__(self, config, gate_rewards: dict | None = None, named_params: list | None = None):
+    def __init__(self, config, gate_rewards: dict | None = None, named_params: list | None = None, features=None):
         c = config
         self.gardo, self.kl_on = c.guard == "gardo", c.guard == "gardo" and c.kl_coef > 0
         self.gate_rewards = dict(gate_rewards or {})
@@ -243,6 +244,15 @@ class Guard:
         self.watch = HackWatch(c.hack_warning, streak=5 if c.hack_warning else 0)   # hack_warning=0: no warning at all
         # GARDO's reference: a copy of the trained adapters (at first the ones the run starts from), not the base
         self.reference = AdapterWeights(named_params) if self.kl_on and named_params else None
+        # the novelty's features: a callable given (diversity_features='custom'), DINOv3's, or the images' own pixels
+        self.features = None
+        if c.diversity_bonus:
+            if features is not None: self.features = features
+            elif c.diversity_features == "custom":
+                raise ValueError("GRPOTrainer: diversity_features='custom' is a callable images -> [N, D] features; pass it "
+                                 "again (GRPOTrainer(..., diversity_features=fn), or resume(..., diversity_features=fn)).")
+            elif c.diversity_features == "dinov3": self.features = DINOv3Features(c.diversity_model or DINOV3)
+            else: self.features = pixel_features
 
     def round(self, config, step: int, images, prompts, targets, sources, columns, rewards, gather, first: int):
         "(advantages or None, gate or None, metrics, {name: [n] per sample}) for this process's n samples at rows first.. of the batch."
@@ -264,7 +274,10 @@ class Guard:
             gate = gate[here]
         adv = None
         if c.diversity_bonus:
-            feats = gather(pixel_features(images))
+            feats = torch.as_tensor(self.features(images), dtype=torch.float64).reshape(len(images), -1)
+            if not torch.isfinite(feats).all():
+                raise ValueError("GRPOTrainer: the diversity features are not all finite; check diversity_features.")
+            feats = gather(feats)
             groups = (torch.arange(len(proxy)) // c.group_size).tolist()   # prompt-major on every process
             adv, w, nov = gardo_advantages(proxy, groups, feats, scale="group" if c.advantage_scale == "group" else "none")
             m.update({"diversity/novelty_mean": nov.mean().item(), "diversity/weight_max": w.max().item()})
@@ -324,3 +337,53 @@ class Guard:
         state, weights = snap
         self.load_state_dict(copy.deepcopy(state))
         if weights is not None: self.reference.weights = [w.clone() for w in weights]
+
+# %% ../nbs/02i_gardo.ipynb #27941ca8
+DINOV3 = "facebook/dinov3-vitl16-pretrain-lvd1689m"   # the weights of timm's vit_large_patch16_dinov3.lvd1689m
+DINOV3_BYTES = 303_129_600 * 4                          # ViT-L/16 with its registers, in float32
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+def dinov3_pixels(images, size: int = 256) -> torch.Tensor:
+    "[N, 3, size, size] as timm's eval transform makes them from [0, 1] pixels: the short side to `size` (bicubic, antialiased; the long one truncated), a centre crop, ImageNet's mean and std."
+    import torch.nn.functional as F
+    out = []
+    for im in images:
+        x = torch.from_numpy(np.asarray(im.convert("RGB"), dtype=np.float32) / 255).permute(2, 0, 1)[None]
+        h, w = x.shape[-2:]
+        long = int(size * max(h, w) / min(h, w))   # torchvision's Resize(int)
+        nh, nw = (size, long) if h <= w else (long, size)
+        x = F.interpolate(x, size=(nh, nw), mode="bicubic", antialias=True, align_corners=False)
+        top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))   # torchvision's CenterCrop
+        out.append(x[0, :, top:top + size, left:left + size])
+    x = torch.stack(out)
+    return (x - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)) / torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+
+class DINOv3Features:
+    "The authors' novelty features: DINOv3's patch-token mean (class and register tokens left out) of each image, [N, D]."
+    def __init__(self, model: str = DINOV3, device=None, batch_size: int = 16):
+        from transformers import DINOv3ViTModel
+        from glm_grpo_nb.hub import check_model_source, default_device, quiet_io
+        check_model_source(model, "diversity_features='dinov3': its model (diversity_model=, --diversity-model)")
+        with quiet_io(): self.model = DINOv3ViTModel.from_pretrained(model).eval().requires_grad_(False)
+        self.device, self.batch_size = default_device(device), batch_size   # this process's GPU by default
+        self.model.to(self.device)
+        self.skip = 1 + self.model.config.num_register_tokens
+
+    @classmethod
+    def from_model(cls, model, device=None, batch_size: int = 16):
+        "Around a DINOv3ViTModel already made (tests, your own weights)."
+        from glm_grpo_nb.hub import default_device
+        self = cls.__new__(cls)
+        self.model, self.device, self.batch_size = model.eval().requires_grad_(False), default_device(device), batch_size
+        self.model.to(self.device)
+        self.skip = 1 + model.config.num_register_tokens
+        return self
+
+    def __call__(self, images) -> torch.Tensor:
+        feats = []
+        with torch.no_grad():
+            for k in range(0, len(images), self.batch_size):
+                x = dinov3_pixels(images[k:k + self.batch_size]).to(self.device)
+                hidden = self.model(pixel_values=x).last_hidden_state
+                feats.append(hidden[:, self.skip:].mean(1).double().cpu())
+        return torch.cat(feats)

@@ -105,22 +105,26 @@ class Objective(ABC):
         out[rows] = part
         return out
 
-    def gated_kl(self, kl: torch.Tensor, prepared: dict, loss, m: dict):
-        "`loss` + kl_coef x the mean of `kl` ([n, ...] per sample) over the micro-batch's gated samples (GARDO's KL): 0, and no"
-        " gradient, when none is; `kl_all` beside it on steps whose reference covers every sample."
-        gate, per = self.policy.on_device(prepared["kl_gate"]), kl.flatten(1).mean(1)
-        if bool(prepared["kl_all"].all()): m["kl_all"] = per.mean().item()
-        if not gate.any():
+    def gated_kl(self, per: torch.Tensor, prepared: dict, loss, m: dict):
+        "`loss` + kl_coef x GARDO's KL from `per` ([n] each sample's KL): the gated samples' mean over the optimiser step (its"
+        " micro-batches and processes alike), 0 with no gradient where none is; `kl_all` on steps whose reference covers all."
+        w = self.policy.on_device(prepared["kl_weight"])   # gated / gated share of the step's samples (update's `kl_weights`)
+        if bool(prepared["kl_all"].all()): m["kl_all"] = per.detach().mean().item()
+        on = w > 0   # only these rows have a reference (the others' KL is against nothing: left out, never times 0)
+        if not on.any():
             m["kl"] = 0.0
             return loss, m
-        gated = per[gate].mean()
+        gated = (w[on] * per[on]).sum() / len(per)
         m["kl"] = gated.item()
         return loss + self.config.kl_coef * gated, m
 
     def gate_entries(self, gate: torch.Tensor | None) -> dict:
-        "What `prepare` keeps of a gate, indexed like the samples: the gate, and whether the reference covers every sample."
+        "What `prepare` keeps of a gate, indexed like the samples: the gate, each sample's KL weight, whether its optimiser step"
+        " gates none, and whether the reference covers every sample."
         if gate is None: return {}
-        return {"kl_gate": gate.clone(), "kl_all": torch.full((len(gate),), bool(gate.all()) or getattr(self.trainer, "kl_all_due", False))}
+        t = self.trainer
+        return {"kl_gate": gate.clone(), "kl_weight": t.kl_weight.clone(), "kl_none": t.kl_none.clone(),
+                "kl_all": torch.full((len(gate),), bool(gate.all()) or getattr(t, "kl_all_due", False))}
 
     def after_step(self, optimizer_steps: int) -> dict:
         "After a successful training step (all its optimiser steps), `optimizer_steps` done in all: metrics."
@@ -214,7 +218,7 @@ class FlowGRPO(Objective):
                 kl = gaussian_kl(means, ref, dev(traj.step_std[traj.stochastic]))   # [n, k] the steps' exact KL
                 if c.kl_type == "mean" and traj.sde_type == "sde":   # Flow-GRPO's code divides by 2 s^2, not 2 s^2 |dt|
                     kl = kl * dev((traj.sigmas[1:] - traj.sigmas[:-1]).abs()[traj.stochastic])
-            if "kl_gate" in prepared: loss, m = self.gated_kl(kl, prepared, loss, m)
+            if "kl_gate" in prepared: loss, m = self.gated_kl(kl.flatten(1).mean(1), prepared, loss, m)
             else:
                 kl = kl.mean()
                 loss, m["kl"] = loss + c.kl_coef * kl, kl.item()

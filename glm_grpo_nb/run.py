@@ -405,8 +405,9 @@ def resume(cls: RunLoop, directory: str | Path, policy: GlmImagePolicy, reward_f
                          "your own; pass dit_objective=<that objective object> to resume it.")
     try: stored = (cls.config_class or GRPOConfig).from_dict(stored)
     except (TypeError, ValueError, KeyError) as e: raise damaged(ckpt / "trainer_state.json", e) from None
-    settings = {k: list(v) if k == "gate_rewards" and isinstance(v, dict) else v   # {name: reward}: its names are the setting
-                for k, v in overrides.items() if k in stored.to_dict()}
+    as_setting = lambda k, v: (list(v) if k == "gate_rewards" and isinstance(v, dict) else   # {name: reward}: its names
+                               "custom" if k == "diversity_features" and callable(v) else v)   # a callable of your own
+    settings = {k: as_setting(k, v) for k, v in overrides.items() if k in stored.to_dict()}
     dataset = _as_dataset(dataset)
     if overrides.get("init_adapters") is not None: policy.start_from(overrides.pop("init_adapters"))   # part of what must match
     now = run_identity(policy, dataset, reward_fn, overrides.get("ar_reward_fn"), overrides.get("dit_reward_fn"))

@@ -64,11 +64,12 @@ class TokenGRPO(Objective):
                                     clip_range_high=c.clip_range_high, aggregation=c.aggregation, weights=weights,
                                     importance_sampling_level=c.importance_sampling_level)
         if "ref_logprobs" in prepared and "kl_gate" in prepared:   # GARDO: the KL on the gated images' tokens
-            ref, gate = dev(prepared["ref_logprobs"]), dev(prepared["kl_gate"])
-            if bool(prepared["kl_all"].all()): m["kl_all"] = aggregate(kl_k3(lp.detach(), ref, mask), mask, c.aggregation).item()
-            kl = aggregate(kl_k3(lp[gate], ref[gate], mask[gate]), mask[gate], c.aggregation) if gate.any() else None
-            if kl is not None: loss = loss + c.kl_coef * kl
-            m["kl"] = 0.0 if kl is None else kl.item()
+            ref, on = dev(prepared["ref_logprobs"]), dev(prepared["kl_weight"]) > 0   # a reference only where gated
+            per = torch.zeros(lp.shape[0], dtype=lp.dtype, device=lp.device)
+            if bool(prepared["kl_all"].all()): on = torch.ones_like(on)
+            # each image's mean over its tokens (an image of the same size has as many tokens as any other)
+            per[on] = (kl_k3(lp[on], ref[on], mask[on]) * mask[on]).sum(1) / mask[on].sum(1).clamp_min(1)
+            loss, m = self.gated_kl(per, prepared, loss, m)
         elif "ref_logprobs" in prepared:
             kl = aggregate(kl_k3(lp, dev(prepared["ref_logprobs"]), mask), mask, c.aggregation)
             loss, m["kl"] = loss + c.kl_coef * kl, kl.item()

@@ -136,6 +136,8 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         self.eval_reward = eval_reward
         gate_fns = settings.pop("gate_rewards") if isinstance(settings.get("gate_rewards"), dict) else None
         if gate_fns is not None: settings["gate_rewards"] = list(gate_fns)   # {name: reward}: the names are the settings'
+        features = settings.pop("diversity_features") if callable(settings.get("diversity_features")) else None
+        if features is not None: settings["diversity_features"] = "custom"   # a callable: the settings say so
         c = (GRPOConfig() if config is None else config).replace(**settings)
         if c.height is None or c.width is None:
             w, h = self._default_size()
@@ -150,8 +152,8 @@ class GRPOTrainer(Updates, FaultTolerance, RunLoop, ModelCard):
         self.objectives["ar"].setup(self, ar_named, c.train_ar)
         self.objectives["dit"].setup(self, dit_named, c.train_dit)
         # against reward hacking: the signs every step, and GARDO when asked (glm_grpo_nb.gardo)
-        self.guard = Guard(c, self.gate_rewards, ar_named + dit_named)
-        self.kl_gate, self.kl_all_due = None, False   # the step's gated samples, which the objectives' KL reads
+        self.guard = Guard(c, self.gate_rewards, ar_named + dit_named, features)
+        self.kl_gate, self.kl_all_due = None, False   # the step's gated samples, which the objectives' KL reads (and its weights)
         self._diversity_warned = False
         if c.reward_overlap and self._overlap_chunk() is None:   # asked for, and nothing to overlap: said once, here
             why = ("decoupled mode scores its two groups after sampling" if c.mode == "decoupled" and served_rewards(self.reward_fn)

@@ -78,6 +78,13 @@ def train(
     config_of(GRPOConfig, {**TRAIN_DEFAULTS, **settings}, plain=True)   # bad settings fail here, before torch loads
     from glm_grpo_nb.reward_spec import check_rewards
     config = config_of(GRPOConfig, {**TRAIN_DEFAULTS, **settings})   # then the objective's checks (it loads the policy's code)
+    if config.diversity_bonus and config.diversity_features == "custom":
+        raise ValueError("train: --diversity-features custom is a callable of your own, given in Python "
+                         "(GRPOTrainer(..., diversity_features=fn)); on the command line pass pixels or dinov3.")
+    if config.diversity_bonus and config.diversity_features == "dinov3":   # its model found before any loads
+        from glm_grpo_nb.gardo import DINOV3
+        from glm_grpo_nb.hub import check_model_source
+        check_model_source(config.diversity_model or DINOV3, "train: --diversity-features dinov3's model (--diversity-model)")
     gate_spec = ",".join(config.gate_rewards)   # --guard gardo's auxiliary rewards, never trained on: found like the others
     for spec in filter(None, (reward, eval_reward, gate_spec)): check_rewards(spec, reward_models)   # a missing model: one line
     from glm_grpo_nb.reward_spec import parse_rewards

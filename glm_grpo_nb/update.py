@@ -57,6 +57,18 @@ def _mean_everywhere(self: Updates, value: float) -> float:
     return acc.reduce(self.policy.on_device(torch.tensor(float(value), dtype=torch.float64)), reduction="mean").item()
 
 @patch
+def _kl_weights(self: Updates, gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    "GARDO's KL weights ([n], this process's samples): a gated sample's KL counts 1 / (the gated share of its optimiser step's"
+    " samples, every process's), so the KL is the step's gated samples' mean wherever they are; and whether a step gates none."
+    full, P, n = self._gather_rows(gate.double()), self.accelerator.num_processes, len(gate)
+    weight, none = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.bool)
+    for rows in self._update_rows(n):   # the same local rows on every process
+        gated = sum(full[p * n + r] for p in range(P) for r in rows).item()
+        if gated == 0: none[rows] = True
+        else: weight[rows] = gate[rows].double() * (P * len(rows)) / gated
+    return weight, none
+
+@patch
 def _diversity(self: Updates, images) -> float:
     "Mean within-group diversity of this step's images, over every process's groups."
     local = group_diversity(images, self.config.group_size).mean()
@@ -126,6 +138,7 @@ def update(self: Updates, s, snapshot=None) -> UpdateResult:
         metrics.update(m)
         if gadv is not None: adv = dit_adv = gadv   # joint mode: one group for both halves
         self.kl_all_due = bool(self.kl_gate is not None and c.kl_all_every and self.step_count % c.kl_all_every == 0)
+        if self.kl_gate is not None: self.kl_weight, self.kl_none = self._kl_weights(self.kl_gate)
     halves, prepared = self._halves(s, adv, dit_adv), {}
     sec, self.skip_reason = {"prepare": 0.0, "update_ar": 0.0, "update_dit": 0.0, "optimizer": 0.0}, None
     for half, obj, data, _ in halves:   # once per step, without gradients: old log-probs, references, points

@@ -9,6 +9,7 @@ different summation order changes by a large fraction, moves its weight by anyth
 their own settings; only their number of noise levels is small, for time."""
 import sys
 
+import numpy as np
 import torch
 from accelerate import Accelerator
 from safetensors.torch import save_file
@@ -24,7 +25,12 @@ OWN = {"nft": dict(nft_timesteps=2, nft_decay_rate=0.3), "grpo_guard": dict(num_
        "awm": dict(awm_timesteps=2, awm_ema_coef=0.1, ema_decay_rate=0.3, num_inner_epochs=2),
        "dgpo": dict(dgpo_timesteps=2, ema_decay_rate=0.3, num_inner_epochs=2),
        # DPO of both halves: a micro-batch holds whole groups, so each pair is in one
-       "dpo": dict(dpo_timesteps=2, ar_objective="dpo", micro_batch_size=2, num_inner_epochs=2)}
+       "dpo": dict(dpo_timesteps=2, ar_objective="dpo", micro_batch_size=2, num_inner_epochs=2),
+       # GARDO: the gate over the whole batch, the KL on the gated rows of each optimiser step wherever they are, the
+       # novelty-weighted advantages (its own advantages: no batch std)
+       "flow_grpo+gardo": dict(guard="gardo", gate_fraction=0.2, advantage_scale="none", updates_per_batch=2,
+                               gate_rewards={"blue": lambda images, prompts, targets=None, sources=None: torch.tensor(
+                                   [float(np.asarray(im.convert("RGB"))[..., 2].mean()) for im in images])})}
 
 if __name__ == "__main__":
     out, model, objective = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -33,9 +39,9 @@ if __name__ == "__main__":
     policy = GlmImagePolicy.from_pretrained(model, ar_lora=4, dit_lora=4, device="cpu", verbose=False)
     n_local = len(PROMPTS) // acc.num_processes
     trainer = GRPOTrainer(policy, RednessReward(), PROMPTS, group_size=2, prompts_per_step=n_local, height=64, width=64,
-                          num_inference_steps=4, sde_window=(0, 2), lr=1e-3, advantage_scale="batch", kl_coef=0.05,
-                          accelerator=acc, dit_objective=objective, adam_epsilon=1e-4,
-                          **{"micro_batch_size": 3, **OWN.get(objective, {})})
+                          num_inference_steps=4, sde_window=(0, 2), lr=1e-3, kl_coef=0.05, accelerator=acc,
+                          dit_objective=objective.split("+")[0], adam_epsilon=1e-4,
+                          **{"micro_batch_size": 3, "advantage_scale": "batch", **OWN.get(objective, {})})
     trainable = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
     grads, step = {}, trainer.optimizer.step
     def first_step(*a, **k):   # the gradients the first optimiser step sees: all-reduced (and clipped)
@@ -51,6 +57,7 @@ if __name__ == "__main__":
         old = {f"{f}/{n}": w.contiguous() for o in trainer.objectives.values()   # e.g. NFT's old adapter
                for f, tensors in o.checkpoint_tensors().items() for n, w in tensors.items()}
         save_file({**{n: p.detach().contiguous() for n, p in trainable}, **old, **grads}, out,
-                  metadata={"reward_std": str(metrics["reward_std"]), "num_processes": str(acc.num_processes)})
+                  metadata={"reward_std": str(metrics["reward_std"]), "num_processes": str(acc.num_processes),
+                            "gate_share": str(metrics.get("gate/share"))})
     acc.wait_for_everyone()
     if torch.distributed.is_initialized(): torch.distributed.destroy_process_group()   # gloo's threads end before the interpreter does

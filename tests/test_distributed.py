@@ -27,7 +27,7 @@ def run(cmd):
     assert r.returncode == 0, r.stderr[-4000:]
 
 
-@pytest.mark.parametrize("objective", DIT_OBJECTIVES)
+@pytest.mark.parametrize("objective", DIT_OBJECTIVES + ("flow_grpo+gardo",))
 def test_two_processes_equal_one(tiny_path, tmp_path, objective):
     one, two = tmp_path / "one.safetensors", tmp_path / "two.safetensors"
     run([sys.executable, str(SCRIPT), str(one), str(tiny_path), objective])
@@ -51,6 +51,8 @@ def test_two_processes_equal_one(tiny_path, tmp_path, objective):
     with safe_open(one, "pt") as f1, safe_open(two, "pt") as f2:
         assert (f1.metadata()["num_processes"], f2.metadata()["num_processes"]) == ("1", "2")
         assert f1.metadata()["reward_std"] == f2.metadata()["reward_std"]  # batch statistics were gathered
+        assert f1.metadata()["gate_share"] == f2.metadata()["gate_share"]  # GARDO's gate: over the whole batch
+        assert (f1.metadata()["gate_share"] != "None") == objective.endswith("gardo")
 
 
 FIT = Path(__file__).parent / "ddp_fit.py"

@@ -77,6 +77,8 @@ def test_reference_forwards_and_kl_on_the_gated_samples_only(tiny_path):
     dit = t.objectives["dit"]
     gate = torch.zeros(len(s.prompts), dtype=torch.bool); gate[[1, 6]] = True
     t.kl_gate, t.kl_all_due = gate, False
+    t.kl_weight, t.kl_none = t._kl_weights(gate)
+    assert torch.equal(t.kl_weight[gate], torch.full((2,), len(gate) / 2.0, dtype=torch.float64)) and t.kl_weight[~gate].sum() == 0
     with t.guard.reference_of(policy): gated, _ = dit.prepare(s.trajectory)
     t.kl_gate = None
     with t.guard.reference_of(policy): every, _ = dit.prepare(s.trajectory)
@@ -93,7 +95,7 @@ def test_reference_forwards_and_kl_on_the_gated_samples_only(tiny_path):
         loss.backward()
         return sum(p.grad.abs().sum().item() for p in params if p.grad is not None), m
     g_gated, _ = grad_norm(gated)
-    g_none, m_none = grad_norm({**gated, "kl_gate": torch.zeros_like(gate)})   # none gated: no KL, no gradient
+    g_none, m_none = grad_norm({**gated, "kl_weight": torch.zeros(len(gate), dtype=torch.float64)})   # none gated: no KL, no gradient
     assert g_gated > 0 and g_none == 0.0 and m_none["kl"] == 0.0
     t.close()
 
@@ -129,3 +131,22 @@ def test_readme_reward_hacking_commands_parse():
         parser = parser_of(words[1])
         args = vars(parser.parse_args(_option_style(parser, words[2:])))
         assert args.get("guard") == "gardo", line
+
+
+def test_features_of_your_own(tiny_path, tmp_path):
+    "diversity_features=fn: the novelty from your features; the settings say 'custom', and a resume without fn says what to pass."
+    calls = []
+    def brightness_features(images):
+        calls.append(len(images))
+        return torch.tensor([[np.asarray(im.convert("L"), dtype=np.float64).mean(), 1.0] for im in images])
+    _, t = trainer(tiny_path, diversity_features=brightness_features, output_dir=tmp_path / "run")
+    assert t.config.diversity_features == "custom"
+    res = t.step()
+    assert calls == [len(res.images)] and "diversity_weight" in res.per_sample
+    ckpt = t.save(); t.close()
+    policy = GlmImagePolicy.from_pretrained(tiny_path, ar_lora=4, dit_lora=4, device="cpu", verbose=False)
+    with pytest.raises(ValueError, match="diversity_features='custom' is a callable"):
+        GRPOTrainer.resume(ckpt, policy, RednessReward(), PROMPTS, gate_rewards=GATES)
+    again = GRPOTrainer.resume(ckpt, policy, RednessReward(), PROMPTS, gate_rewards=GATES, diversity_features=brightness_features)
+    assert again.changed_settings == {} and again.step().per_sample["diversity_weight"].shape == res.per_sample["diversity_weight"].shape
+    again.close()
