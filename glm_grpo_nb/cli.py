@@ -262,6 +262,7 @@ def evaluate(
     load_in_4bit: bool = False,  # the policy sampler's base weights in NF4
     reward_overlap: bool = None, # score served metrics (URLs, a judge on a server) on each batch as it is made (default: on where one is served)
     reward_max_inflight: int = 2,  # served metrics' calls out at once while images are made
+    base_tail_steps: int = 0,    # each DiT adapter also with the base DiT's last k steps, scored beside it (NAME+base-tail-k)
 ):
     "Score a model and its trained adapters on prompts: text metrics and rewards, with 95 % intervals."
     if not model: raise ValueError("evaluate: pass --model with a GLM-Image folder or hub id.")
@@ -279,7 +280,7 @@ def evaluate(
                          num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
                          reward_models=models_of(reward_models), device=device, benchmark=benchmark,
                          ocr_min_confidence=ocr_min_confidence, sampler=sampler, batch_size=batch_size, load_in_4bit=load_in_4bit,
-                         reward_overlap=reward_overlap, reward_max_inflight=reward_max_inflight)
+                         reward_overlap=reward_overlap, reward_max_inflight=reward_max_inflight, base_tail_steps=base_tail_steps)
     print(format_metrics(res))
     print(f"wrote {Path(out) / 'metrics.json'}, {Path(out) / 'samples.csv'} and {Path(out) / 'report.png'}")
     for card in res.get("cards", []): print(f"put the table into the model card {Path(card) / 'README.md'}")

@@ -67,8 +67,12 @@ _GENERATION = ("models", "prompts", "samples_per_prompt", "seed", "height", "wid
                "sampler")
 SAMPLERS = {"policy": "PolicyModel", "pipeline": "PipelineModel"}
 
-def _model_entries(model, adapters, models, settings, sampler="policy", **policy_kw):
-    "{name: image model} and {name: where it comes from}: the base model and each adapter folder, or `models`."
+def _model_entries(model, adapters, models, settings, sampler="policy", tail: int = 0, **policy_kw):
+    "{name: image model} and {name: where it comes from}: the base model and each adapter folder (and, with `tail`, each"
+    " DiT adapter with the base DiT's last `tail` steps), or `models`."
+    if tail and (models is not None or sampler != "policy"):
+        raise ValueError("evaluate_model: base_tail_steps finishes the images with the base DiT on the policy sampler; pass "
+                         "sampler='policy' with model= and adapters=.")
     if models is not None:
         if model is not None or adapters: raise ValueError("evaluate_model: pass models= or model= (with adapters=), not both.")
         if not models: raise ValueError("evaluate_model: models= is empty; pass at least one image model.")
@@ -87,6 +91,10 @@ def _model_entries(model, adapters, models, settings, sampler="policy", **policy
         name = name or (f"{folder.parent.name}/{folder.name}" if folder.name == "adapters" else folder.name)
         if name in entries: raise ValueError(f"evaluate_model: two models are named {name!r}; name them NAME=FOLDER.")
         entries[name], sources[name] = make(folder), str(folder)
+        if tail:   # the same adapters with the base DiT's last steps, beside them
+            if not (folder / "dit").is_dir(): continue   # an AR-only adapter: the DiT is the base one already
+            entries[f"{name}+base-tail-{tail}"] = PolicyModel(model, folder, **settings, **policy_kw, base_tail_steps=tail)
+            sources[f"{name}+base-tail-{tail}"] = f"{folder} (the base DiT's last {tail} steps)"
     return entries, sources
 
 def _prompt_set(prompts, split: str) -> PromptDataset:
@@ -388,6 +396,7 @@ def evaluate_model(
     load_in_4bit: bool = False,        # the policy sampler's base weights in NF4
     reward_overlap: bool | None = None,  # score served metrics on each batch as it is made (default: on where one is served)
     reward_max_inflight: int = 2,      # served metrics' calls out at once while images are made
+    base_tail_steps: int = 0,          # each DiT adapter also with the base DiT's last k steps, a model of its own beside it
     progress: bool = True,
 ) -> dict:                             # what metrics.json holds
     "Generate and score images of the base model and each adapter folder on the same prompts and seeds; write a report."
@@ -413,7 +422,8 @@ def evaluate_model(
     rows = [data[i] for i in range(len(data))]
     gen = dict(height=height, width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, device=device)
     rewards = _metric_rewards(metrics, reward_models, ocr_min_confidence)   # first: every model they name found, or one line
-    entries, sources = _model_entries(model, adapters, models, gen, sampler, batch_size=batch_size, load_in_4bit=load_in_4bit)
+    entries, sources = _model_entries(model, adapters, models, gen, sampler, base_tail_steps, batch_size=batch_size,
+                                      load_in_4bit=load_in_4bit)
     out = Path(out)
     settings = {"models": sources, "prompts": hashlib.sha256(json.dumps([r["prompt"] for r in rows]).encode()).hexdigest()[:16],
                 "samples_per_prompt": samples_per_prompt, "seed": seed, "height": height, "width": width,

@@ -68,12 +68,18 @@ class PolicyModel:
     def __init__(self, model: str | Path, adapters: str | Path | None = None, height: int | None = None,
                  width: int | None = None, num_inference_steps: int = 20, guidance_scale: float = 1.5,
                  device: str | None = None, torch_dtype=None, batch_size: int = 8, load_in_4bit: bool = False,
-                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None):
+                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                 base_tail_steps: int = 0):   # the DiT's last k steps without the adapters (the base model's fine detail)
         if not isinstance(batch_size, int) or batch_size < 1: raise ValueError(f"PolicyModel: batch_size must be an int >= 1, got {batch_size!r}.")
         height, width = _own_size(model, height, width)
         self.model, self.adapters, self.policy, self.batch_size = model, adapters, None, batch_size
         self.height, self.width, self.num_inference_steps, self.guidance_scale = height, width, num_inference_steps, guidance_scale
         self.device, self.torch_dtype, self.load_in_4bit, self.sampling = device, torch_dtype, load_in_4bit, (temperature, top_k, top_p)
+        if not isinstance(base_tail_steps, int) or not 0 <= base_tail_steps <= num_inference_steps:
+            raise ValueError(f"PolicyModel: base_tail_steps must be an int in 0..{num_inference_steps}, got {base_tail_steps!r}.")
+        if base_tail_steps and (adapters is None or not (Path(adapters) / "dit").is_dir()):
+            raise ValueError("PolicyModel: base_tail_steps turns the DiT's adapters off for the last steps; pass adapters with a dit/ adapter.")
+        self.base_tail_steps = base_tail_steps
 
     def _load(self):
         from glm_grpo_nb.policy import GlmImagePolicy, apply_adapters
@@ -95,7 +101,8 @@ class PolicyModel:
             roll = pol.sample_tokens(list(prompts), 1, self.height, self.width, images=sources, temperature=t, top_k=k,
                                      top_p=p, seed=[mix_seed(s, 0) for s in seeds])
             traj = pol.sample_latents(roll, num_steps=self.num_inference_steps, noise_level=0.0,
-                                      guidance_scale=self.guidance_scale, seed=[mix_seed(s, 1) for s in seeds])
+                                      guidance_scale=self.guidance_scale, seed=[mix_seed(s, 1) for s in seeds],
+                                      base_tail_steps=self.base_tail_steps)
             images = pol.decode(traj, micro_batch_size=len(prompts))
         pol.release_sources()
         return images

@@ -308,7 +308,7 @@ class AdapterWeights:
 @contextlib.contextmanager
 def dit_adapters_off(self: GlmImagePolicy):
     "Context in which the DiT runs without its adapters (the AR keeps its own): e.g. the base model's last denoising steps."
-    if not self.has_dit_lora:
+    if not getattr(self.transformer, "peft_config", None):   # trained here, or applied from a folder (apply_adapters)
         yield self
         return
     self.transformer.disable_adapters()

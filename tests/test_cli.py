@@ -113,6 +113,14 @@ def test_demo_reward_rises(glm_grpo, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "eval" / "images").rglob("*.png")} == made
     bad = run(*ev[:-1], str(tmp_path / "eval"), "--seed", "3")
     assert bad.returncode == 2 and "seed differ" in bad.stderr and "Traceback" not in bad.stderr
+    # the trained adapters beside themselves with the base DiT's last 3 of 6 steps: the same tokens, other fine detail
+    tail = run(glm_grpo, "evaluate", "--model", str(out / "model"), "--adapters", f"demo={out / 'adapters'}", "--prompts",
+               str(tmp_path / "eval_prompts.txt"), "--metrics", "redness", "--num-inference-steps", "6",
+               "--base-tail-steps", "3", "--out", str(tmp_path / "eval_tail"))
+    assert tail.returncode == 0, tail.stderr[-3000:]
+    tm = json.loads((tmp_path / "eval_tail" / "metrics.json").read_text())["models"]
+    assert list(tm) == ["base", "demo", "demo+base-tail-3"], list(tm)
+    assert tm["demo+base-tail-3"]["metrics"]["redness"]["mean"] != tm["demo"]["metrics"]["redness"]["mean"]
     # a benchmark's own prompt files: CVTG-2K's layout, its table printed beside the base model
     (tmp_path / "cvtg" / "CVTG").mkdir(parents=True)
     (tmp_path / "cvtg" / "CVTG" / "2.json").write_text(json.dumps({"data_list": [
