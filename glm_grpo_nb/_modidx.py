@@ -115,6 +115,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'glm_grpo_nb.config._shared_field': ('config.html#_shared_field', 'glm_grpo_nb/config.py'),
                                     'glm_grpo_nb.config.choices': ('config.html#choices', 'glm_grpo_nb/config.py'),
                                     'glm_grpo_nb.config.deprecated': ('config.html#deprecated', 'glm_grpo_nb/config.py'),
+                                    'glm_grpo_nb.config.gate_rewards_of': ('config.html#gate_rewards_of', 'glm_grpo_nb/config.py'),
                                     'glm_grpo_nb.config.renamed_settings': ('config.html#renamed_settings', 'glm_grpo_nb/config.py'),
                                     'glm_grpo_nb.config.setting': ('config.html#setting', 'glm_grpo_nb/config.py')},
             'glm_grpo_nb.data': { 'glm_grpo_nb.data.ArrowImage': ('data.html#arrowimage', 'glm_grpo_nb/data.py'),

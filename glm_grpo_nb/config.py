@@ -16,8 +16,8 @@ from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 # %% auto #0
 __all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'AR_OBJECTIVES', 'DPO_LOSS_TYPES', 'ROLLOUT_IS_MODES', 'GUARDS', 'GATE_SIGNS',
            'GATE_TIES', 'DIVERSITY_FEATURES', 'GARDO_GATE_REWARDS', 'SHARED', 'SFT_HELP', 'SFTConfig', 'DPO_SETTINGS',
-           'DPO_HELP', 'IMAGE_SETTINGS', 'DPOConfig', 'setting', 'renamed_settings', 'deprecated', 'choices',
-           'Settings', 'GRPOConfig']
+           'DPO_HELP', 'IMAGE_SETTINGS', 'DPOConfig', 'setting', 'renamed_settings', 'deprecated', 'gate_rewards_of',
+           'choices', 'Settings', 'GRPOConfig']
 
 # %% ../nbs/04b_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
@@ -58,6 +58,11 @@ GUARDS = ("none", "gardo")   # against reward hacking: gardo.Guard
 GATE_SIGNS, GATE_TIES = ("upstream", "proxy_over"), ("first", "average")   # gardo.SIGNS, gardo.TIES
 DIVERSITY_FEATURES = ("pixels", "dinov3", "custom")   # gardo.FEATURES
 GARDO_GATE_REWARDS = ["aesthetic", "imagereward"]   # the authors' auxiliary rewards
+
+def gate_rewards_of(settings: dict) -> list[str]:
+    "The gate rewards a run with these settings scores: those named, else GARDO's with guard='gardo' (no torch needed)."
+    named = settings.get("gate_rewards")
+    return list(named) if named is not None else list(GARDO_GATE_REWARDS) if settings.get("guard") == "gardo" else []
 
 def choices(f: dataclasses.Field) -> tuple | None:
     "A setting's allowed values, where it has few."
@@ -323,7 +328,7 @@ class GRPOConfig(Settings):
         bonus = gardo if self.diversity_bonus is None else self.diversity_bonus
         resolved = {**objective.defaults, "sde_window_every": 25 if self.sde_window_schedule == "progressive" else 1,
                     "kl_coef": 0.04 if gardo else 0.0, "diversity_bonus": gardo, "advantage_scale": "none" if bonus else "group",
-                    "gate_rewards": list(GARDO_GATE_REWARDS) if gardo else [], "reference_reset_kl": 3e-4 if gardo else 0.0,
+                    "gate_rewards": gate_rewards_of({"guard": self.guard}), "reference_reset_kl": 3e-4 if gardo else 0.0,
                     "reference_reset_every": 15 if gardo else 0,
                     "dgpo_trunc_steps": round(0.6 * self.num_inference_steps) if isinstance(self.num_inference_steps, int) else None}
         self._defaulted = {name for name in resolved if getattr(self, name) is None}   # `replace` resolves them again

@@ -87,6 +87,7 @@ def demo(
     trainer = GRPOTrainer(policy, RednessReward(), DEMO_PROMPTS, group_size=group_size, prompts_per_step=prompts_per_step,
                           height=64, width=64, num_inference_steps=6, sde_window=(0, 3), lr=lr, seed=seed, output_dir=out,
                           keep_results=1, eval_prompts=DEMO_PROMPTS, eval_every=5, dit_objective=dit_objective,
+                          hack_warning=0.0,   # redness asks the whole image to change: its content measures move by design
                           eval_reward=None if eval_reward is None else combine(parse_rewards(eval_reward)))
     shown = DEMO_PROMPTS[:2]
     first = trainer.evaluate()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .config import DPOConfig, GRPOConfig, SFTConfig
+from .config import DPOConfig, GRPOConfig, SFTConfig, gate_rewards_of
 from .hub import check_model_source
 from .options import TRAIN_DEFAULTS, command_kwargs, config_of
 from .run_command import _check_resume, _check_run, _check_sizes, _data_reader, _fit_run, _policy_here
@@ -77,16 +77,15 @@ def train(
     model, allowed = _check_run("train", settings.get("eval_every"), model, out, allow_changes, eval_prompts, init_adapters)
     config_of(GRPOConfig, {**TRAIN_DEFAULTS, **settings}, plain=True)   # bad settings fail here, before torch loads
     from glm_grpo_nb.reward_spec import check_rewards
+    gate_spec = ",".join(gate_rewards_of(settings))   # --guard gardo's auxiliary rewards, never trained on: found like the others
+    for spec in filter(None, (reward, eval_reward, gate_spec)): check_rewards(spec, reward_models)   # a missing model: one line, next
     config = config_of(GRPOConfig, {**TRAIN_DEFAULTS, **settings})   # then the objective's checks (it loads the policy's code)
     if config.diversity_bonus and config.diversity_features == "custom":
         raise ValueError("train: --diversity-features custom is a callable of your own, given in Python "
                          "(GRPOTrainer(..., diversity_features=fn)); on the command line pass pixels or dinov3.")
     if config.diversity_bonus and config.diversity_features == "dinov3":   # its model found before any loads
         from glm_grpo_nb.gardo import DINOV3
-        from glm_grpo_nb.hub import check_model_source
         check_model_source(config.diversity_model or DINOV3, "train: --diversity-features dinov3's model (--diversity-model)")
-    gate_spec = ",".join(config.gate_rewards)   # --guard gardo's auxiliary rewards, never trained on: found like the others
-    for spec in filter(None, (reward, eval_reward, gate_spec)): check_rewards(spec, reward_models)   # a missing model: one line
     from glm_grpo_nb.reward_spec import parse_rewards
     from glm_grpo_nb.rewards import check_reward_rows, combine
     from glm_grpo_nb.trainer import GRPOTrainer
