@@ -93,14 +93,15 @@ def uncertainty_gate(u, fraction: float) -> tuple[torch.Tensor, float]:
 
 # %% ../nbs/02i_gardo.ipynb #af468a8c
 def gardo_advantages(rewards, groups, features=None, scale: str = "none") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    "(advantages, weights, novelty), [N] each: (r - group mean) x weight, the weight novelty / group mean novelty at or above the mean."
+    "(advantages, weights, novelty), [N] each: (r - group mean) x weight (novelty over the group's mean at or above it)."
     _choice("gardo_advantages", "scale", scale, ("none", "group"))
     r = _values("gardo_advantages: rewards", rewards).numpy()
     labels = list(groups)
-    if len(labels) != len(r): raise ValueError(f"gardo_advantages: {len(labels)} group labels for {len(r)} rewards; pass one per sample.")
+    if len(labels) != len(r):
+        raise ValueError(f"gardo_advantages: {len(labels)} group labels for {len(r)} rewards; pass one per sample.")
     f = None
     if features is not None:
-        f = np.asarray(torch.as_tensor(features).detach().cpu().double() if torch.is_tensor(features) else features, dtype=np.float64)
+        f = features.detach().cpu().double().numpy() if torch.is_tensor(features) else np.asarray(features, dtype=np.float64)
         f = f.reshape(len(r), -1)
         if not np.isfinite(f).all(): raise ValueError("gardo_advantages: the features are not all finite.")
         norm = np.linalg.norm(f, ord=2, axis=1, keepdims=True)
@@ -186,7 +187,7 @@ def rank_correlation(proxy, aux: list) -> float:
 
 # %% ../nbs/02i_gardo.ipynb #5391c9df
 class HackWatch:
-    "Says once when a content measure's recent mean moves by `fraction` of its first steps' mean, or the proxy disagrees with the auxiliaries `streak` steps running."
+    "Says once: a content measure's recent mean moved by `fraction` of its first steps', or `streak` steps of disagreement."
     def __init__(self, fraction: float = 0.5, streak: int = 5, window: int = 5):
         self.fraction, self.streak, self.window = fraction, streak, window
         self.first, self.recent, self.negative, self.warned = {}, {}, 0, False
@@ -234,7 +235,7 @@ def pixel_features(images: list[Image.Image], size: int = 32) -> torch.Tensor:
 
 # %% ../nbs/02i_gardo.ipynb #fcd37387
 class Guard:
-    "A run's watch over its reward, and GARDO when its settings ask; the trainer calls `round` once a step, `after_update` after each optimiser step."
+    "A run's watch over its reward, and GARDO when its settings ask: `round` once a step, `after_update` after an optimiser step."
     def __init__(self, config, gate_rewards: dict | None = None, named_params: list | None = None, features=None):
         c = config
         self.gardo, self.kl_on = c.guard == "gardo", c.guard == "gardo" and c.kl_coef > 0
@@ -255,7 +256,7 @@ class Guard:
             else: self.features = pixel_features
 
     def round(self, config, step: int, images, prompts, targets, sources, columns, rewards, gather, first: int):
-        "(advantages or None, gate or None, metrics, {name: [n] per sample}) for this process's n samples at rows first.. of the batch."
+        "(advantages or None, gate or None, metrics, {name: [n] per sample}) of this process's n samples (rows first.. of the batch)."
         c, n, m, per = config, len(images), {}, {}
         here = slice(first, first + n)
         proxy = gather(rewards.double())
@@ -283,7 +284,8 @@ class Guard:
             m.update({"diversity/novelty_mean": nov.mean().item(), "diversity/weight_max": w.max().item()})
             per["diversity_weight"] = w[here].float()
             adv = adv[here].to(rewards.dtype if rewards.is_floating_point() else torch.float32)
-        if self.reference is not None: m.update({"reference/resets": float(self.reset.resets), "reference/age": float(self.reset.age(step))})
+        if self.reference is not None:
+            m.update({"reference/resets": float(self.reset.resets), "reference/age": float(self.reset.age(step))})
         return adv, gate, m, per
 
     def start_of_round(self, step: int) -> bool:
@@ -318,11 +320,17 @@ class Guard:
         self.reset.load_state_dict(d["reset"]); self.watch.load_state_dict(d["watch"])
 
     def reference_tensors(self) -> dict[str, torch.Tensor]:
-        return {} if self.reference is None else {n: w.detach().cpu().contiguous() for n, w in zip(self.reference.names, self.reference.weights)}
+        if self.reference is None: return {}
+        return {n: w.detach().cpu().contiguous() for n, w in zip(self.reference.names, self.reference.weights)}
 
     def load_reference(self, tensors: dict | None, where: str) -> None:
-        if self.reference is None or tensors is None: return
-        missing = [n for n in self.reference.names if n not in tensors or tensors[n].shape != self.reference.params[self.reference.names.index(n)].shape]
+        "The reference a checkpoint kept; a checkpoint without one (guard turned on at resume): the adapters resumed."
+        if self.reference is None: return
+        if tensors is None:
+            with torch.no_grad(): self.reference.weights = [p.detach().clone() for p in self.reference.params]
+            return
+        shapes = {n: p.shape for n, p in zip(self.reference.names, self.reference.params)}
+        missing = [n for n in self.reference.names if n not in tensors or tensors[n].shape != shapes[n]]
         if missing: raise ValueError(f"{where}: GARDO's reference in the checkpoint does not match this policy's adapters "
                                      f"({len(missing)} tensor(s), e.g. {missing[0]}); resume with the adapters the run trained.")
         dev = self.reference.params[0].device
@@ -344,7 +352,7 @@ DINOV3_BYTES = 303_129_600 * 4                          # ViT-L/16 with its regi
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 def dinov3_pixels(images, size: int = 256) -> torch.Tensor:
-    "[N, 3, size, size] as timm's eval transform makes them from [0, 1] pixels: the short side to `size` (bicubic, antialiased; the long one truncated), a centre crop, ImageNet's mean and std."
+    "[N, 3, size, size] as timm's eval transform makes them: short side to `size` (bicubic), centre crop, ImageNet's mean, std."
     import torch.nn.functional as F
     out = []
     for im in images:

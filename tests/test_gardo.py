@@ -150,3 +150,17 @@ def test_features_of_your_own(tiny_path, tmp_path):
     again = GRPOTrainer.resume(ckpt, policy, RednessReward(), PROMPTS, gate_rewards=GATES, diversity_features=brightness_features)
     assert again.changed_settings == {} and again.step().per_sample["diversity_weight"].shape == res.per_sample["diversity_weight"].shape
     again.close()
+
+
+def test_guard_turned_on_at_resume_starts_from_the_resumed_adapters(tiny_path, tmp_path):
+    "A run resumed with guard='gardo' (and a KL: the checkpoint's settings hold kl_coef=0) from a checkpoint that has no"
+    " reference: the reference is the adapters resumed."
+    _, plain = trainer(tiny_path, guard="none", output_dir=tmp_path / "run")
+    plain.step()
+    ckpt = plain.save(); plain.close()
+    policy = GlmImagePolicy.from_pretrained(tiny_path, ar_lora=4, dit_lora=4, device="cpu", verbose=False)
+    on = GRPOTrainer.resume(ckpt, policy, RednessReward(), PROMPTS, guard="gardo", gate_rewards=GATES, kl_coef=0.04)
+    trained = [p.detach() for p in on.guard.reference.params]
+    assert any(t.abs().sum() > 0 for n, t in zip(on.guard.reference.names, trained) if "lora_B" in n)   # the step moved B
+    assert all(torch.equal(w, t) for w, t in zip(on.guard.reference.weights, trained))
+    on.close()
