@@ -11,13 +11,14 @@ import math
 import warnings
 from dataclasses import dataclass, field
 
+from .guard_settings import (DIVERSITY_FEATURES, GATE_SIGNS, GATE_TIES, GUARDS, check_guard,
+                                        guard_defaults)
 from .hub import IMAGE_BLOCK, check_image_size, sde_steps, sde_window_at
 
 # %% auto #0
-__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'AR_OBJECTIVES', 'DPO_LOSS_TYPES', 'ROLLOUT_IS_MODES', 'GUARDS', 'GATE_SIGNS',
-           'GATE_TIES', 'DIVERSITY_FEATURES', 'GARDO_GATE_REWARDS', 'SHARED', 'SFT_HELP', 'SFTConfig', 'DPO_SETTINGS',
-           'DPO_HELP', 'IMAGE_SETTINGS', 'DPOConfig', 'setting', 'renamed_settings', 'deprecated', 'gate_rewards_of',
-           'choices', 'Settings', 'GRPOConfig']
+__all__ = ['RENAMED', 'TRACKERS', 'DIT_OBJECTIVES', 'AR_OBJECTIVES', 'DPO_LOSS_TYPES', 'ROLLOUT_IS_MODES', 'SHARED', 'SFT_HELP',
+           'SFTConfig', 'DPO_SETTINGS', 'DPO_HELP', 'IMAGE_SETTINGS', 'DPOConfig', 'setting', 'renamed_settings',
+           'deprecated', 'choices', 'Settings', 'GRPOConfig']
 
 # %% ../nbs/04b_config.ipynb #c0f1a002
 def setting(default, help: str, choices: tuple | None = None):
@@ -54,15 +55,6 @@ DIT_OBJECTIVES = ("flow_grpo", "grpo_guard", "flow_dppo", "nft", "awm", "dgpo", 
 AR_OBJECTIVES = ("grpo", "dpo")   # the AR's: token_grpo.TokenGRPO, pairs.TokenDPO
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo")   # dpo.LOSS_TYPES (TRL's names)
 ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")   # loss.rollout_weights' modes
-GUARDS = ("none", "gardo")   # against reward hacking: gardo.Guard
-GATE_SIGNS, GATE_TIES = ("upstream", "proxy_over"), ("first", "average")   # gardo.SIGNS, gardo.TIES
-DIVERSITY_FEATURES = ("pixels", "dinov3", "custom")   # gardo.FEATURES
-GARDO_GATE_REWARDS = ["aesthetic", "imagereward"]   # the authors' auxiliary rewards
-
-def gate_rewards_of(settings: dict) -> list[str]:
-    "The gate rewards a run with these settings scores: those named, else GARDO's with guard='gardo' (no torch needed)."
-    named = settings.get("gate_rewards")
-    return list(named) if named is not None else list(GARDO_GATE_REWARDS) if settings.get("guard") == "gardo" else []
 
 def choices(f: dataclasses.Field) -> tuple | None:
     "A setting's allowed values, where it has few."
@@ -324,12 +316,8 @@ class GRPOConfig(Settings):
     def __post_init__(self):
         self._check_plain()   # the settings as given, without torch: a bad one answers before the objective is asked
         objective = _objective(self.dit_objective)   # its recipe fills in what was left to it
-        gardo = self.guard == "gardo"
-        bonus = gardo if self.diversity_bonus is None else self.diversity_bonus
         resolved = {**objective.defaults, "sde_window_every": 25 if self.sde_window_schedule == "progressive" else 1,
-                    "kl_coef": 0.04 if gardo else 0.0, "diversity_bonus": gardo, "advantage_scale": "none" if bonus else "group",
-                    "gate_rewards": gate_rewards_of({"guard": self.guard}), "reference_reset_kl": 3e-4 if gardo else 0.0,
-                    "reference_reset_every": 15 if gardo else 0,
+                    **guard_defaults(self.guard, self.diversity_bonus),   # GARDO's values with guard='gardo'
                     "dgpo_trunc_steps": round(0.6 * self.num_inference_steps) if isinstance(self.num_inference_steps, int) else None}
         self._defaulted = {name for name in resolved if getattr(self, name) is None}   # `replace` resolves them again
         for name in self._defaulted: setattr(self, name, resolved[name])
@@ -395,41 +383,7 @@ class GRPOConfig(Settings):
         if self.ema_decay_max >= 1: raise self._bad("ema_decay_max", "below 1 (at 1 the EMA would never move)")
         if self.diversity_warning >= 1: raise self._bad("diversity_warning", "a fraction below 1")
         if not (self._finite(self.flash_compress) and 0 < self.flash_compress <= 1): raise self._bad("flash_compress", "in (0, 1]")
-        self._check_guard()
-
-    def _check_guard(self):
-        "The settings against reward hacking (no torch needed)."
-        for name in ("gate_fraction_adapt",) + (() if self.diversity_bonus is None else ("diversity_bonus",)):
-            if not isinstance(getattr(self, name), bool): raise self._bad(name, "True or False")
-        g = self.gate_rewards
-        if g is not None and (not isinstance(g, (list, tuple)) or not all(isinstance(n, str) and n for n in g) or len(set(g)) < len(g)):
-            raise self._bad("gate_rewards", "a list of distinct reward names (in Python also {name: reward})")
-        if self.hack_warning >= 1: raise self._bad("hack_warning", "a fraction below 1")
-        v = self.gate_fraction
-        if not (self._finite(v) and ((0.02 <= v <= 0.2) if self.gate_fraction_adapt else (0 < v <= 1))):
-            raise self._bad("gate_fraction", "in [0.02, 0.2] while it adapts (gate_fraction_adapt=False: in (0, 1])"
-                            if self.gate_fraction_adapt else "in (0, 1]")
-        if self.guard != "gardo": return
-        why = "guard='gardo' "
-        if self.mode != "joint":
-            raise ValueError(f"GRPOConfig: {why}judges one group's images for both halves (mode='joint'); decoupled mode "
-                             "samples a group per half: pass mode='joint', or guard='none'.")
-        if self.reference_policy != "start":
-            raise ValueError(f"GRPOConfig: {why}copies the policy into its reference as it moves, so the reference holds "
-                             "adapters; pass reference_policy='start' (the default).")
-        dpo = [h for h, o in (("ar", self.ar_objective), ("dit", self.dit_objective)) if isinstance(o, str) and o == "dpo"]
-        if dpo:
-            raise ValueError(f"GRPOConfig: {why}gates the KL of GRPO's objectives, and {dpo[0]}_objective='dpo' has "
-                             "none (its reference term is DPO's own); pass another objective, or guard='none'.")
-        if self.dit_objective == "dgpo":
-            raise ValueError(f"GRPOConfig: {why}makes its reference a copy of the policy as it moves, and dgpo's group "
-                             "score is measured against its reference; pass another dit_objective, or guard='none'.")
-        if self.gate_rewards is not None and not self.gate_rewards:
-            raise ValueError(f"GRPOConfig: {why}needs gate rewards to judge which samples the trained reward is unsure "
-                             "of; pass gate_rewards (e.g. aesthetic imagereward, the default) or guard='none'.")
-        if self.diversity_bonus and self.advantage_scale == "batch":
-            raise ValueError("GRPOConfig: diversity_bonus weights each group's centred rewards (GARDO's advantages); "
-                             "advantage_scale='batch' has no place in them: pass group or none (the default).")
+        check_guard(self)   # the settings against reward hacking
     @property
     def num_steps(self) -> int:
         "Old name of `num_inference_steps` (warns once)."

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .config import DPOConfig, GRPOConfig, SFTConfig, gate_rewards_of
+from .config import DPOConfig, GRPOConfig, SFTConfig
+from .guard_settings import gate_rewards_of
 from .hub import check_model_source
 from .options import TRAIN_DEFAULTS, command_kwargs, config_of
 from .run_command import _check_resume, _check_run, _check_sizes, _data_reader, _fit_run, _policy_here
